@@ -1,0 +1,62 @@
+"""The HTTP application factory. Nothing is built at import: the lifespan owns every resource."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from gateway.bootstrap import build_services
+from gateway.logs import configure_logging
+from gateway.settings import Settings, load_settings
+from gateway.store import migrations
+from gateway.store.engine import is_memory_sqlite, safe_url
+from gateway.web.errors import EXCEPTION_HANDLERS
+from gateway.web.health import healthz, readyz
+from gateway.web.metrics import HttpMetrics
+from gateway.web.middleware import RequestContextMiddleware
+
+log = structlog.get_logger("gateway.app")
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """Build the app for `settings`.
+
+    Called without settings it is a process entry point (uvicorn's factory in each worker of
+    `gateway serve --workers N`): it reads the settings and sets up logging itself.
+    """
+    if settings is None:
+        settings = load_settings()
+        configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
+    metrics = HttpMetrics()
+    schema_head = migrations.head_revision()
+    database_url = settings.database_url
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
+        services = build_services(settings)
+        try:
+            if is_memory_sqlite(database_url):
+                # Nobody else can see an in-memory database, so the app migrates its own.
+                await migrations.upgrade(services.engine)
+            log.info("gateway_started", database=safe_url(database_url), schema_head=schema_head)
+            yield {"engine": services.engine, "schema_head": schema_head, "settings": settings}
+        finally:
+            await services.aclose()
+            log.info("gateway_stopped")
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+            Route("/metrics", metrics.endpoint, methods=["GET"]),
+        ],
+        middleware=[Middleware(RequestContextMiddleware, metrics=metrics)],
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+    )

@@ -1,0 +1,164 @@
+"""The `gateway` command. Exit codes: 0 ok, 1 runtime failure (database, drift), 2 bad usage or setting."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import structlog
+import uvicorn
+from alembic.util.exc import CommandError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.app import create_app
+from gateway.errors import DatabaseUnavailableError, SettingsError
+from gateway.logs import configure_logging
+from gateway.settings import Settings, load_settings, unknown_env_settings
+from gateway.store import migrations
+from gateway.store.engine import create_engine, is_memory_sqlite, ping
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+# Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
+SHUTDOWN_GRACE_SECONDS = 25
+T = TypeVar("T")
+
+log = structlog.get_logger("gateway.cli")
+
+
+class CommandFailed(Exception):
+    """A command failed in a way the user can act on; its message is the one line printed."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="migrate the database to head, then serve HTTP")
+    serve.add_argument("--host", help="bind address (default: GATEWAY_HOST)")
+    serve.add_argument("--port", type=int, help="bind port (default: GATEWAY_PORT)")
+    serve.add_argument("--workers", type=_positive_int, default=1, help="worker processes (default 1)")
+    serve.add_argument(
+        "--no-migrate", action="store_true", help="skip the migration; only check the database"
+    )
+
+    db = commands.add_parser("db", help="database migrations").add_subparsers(
+        dest="db_command", required=True, metavar="ACTION"
+    )
+    db.add_parser("upgrade", help="migrate up (default: to head)").add_argument(
+        "revision", nargs="?", default="head"
+    )
+    db.add_parser("downgrade", help="migrate down to REVISION ('base' drops everything)").add_argument(
+        "revision"
+    )
+    db.add_parser("current", help="print the database's revision")
+    db.add_parser("history", help="list the migrations")
+    db.add_parser("check", help="exit 1 when the models differ from the migrated database")
+    return parser
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return number
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
+    for name in unknown_env_settings():
+        log.warning("unknown_setting_ignored", variable=name)
+    try:
+        if args.command == "serve":
+            return _serve(settings, args)
+        return _db(settings, args)
+    except (CommandFailed, DatabaseUnavailableError) as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    async def run() -> T:
+        engine = create_engine(settings.database_url)
+        try:
+            return await work(engine)
+        except CommandError as exc:
+            raise CommandFailed(str(exc)) from None
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(run())
+
+
+def _db(settings: Settings, args: argparse.Namespace) -> int:
+    action = args.db_command
+    if action == "history":
+        print(migrations.history(), end="")
+    elif action == "upgrade":
+        print(_with_engine(settings, lambda e: migrations.upgrade(e, args.revision)), end="")
+        print(f"database at {_with_engine(settings, migrations.current)}")
+    elif action == "downgrade":
+        print(_with_engine(settings, lambda e: migrations.downgrade(e, args.revision)), end="")
+        print(f"database at {_with_engine(settings, migrations.current) or 'base'}")
+    elif action == "current":
+        print(_with_engine(settings, migrations.current) or "base (no migration applied)")
+    elif action == "check":
+        differences = _with_engine(settings, migrations.check)
+        if differences:
+            raise CommandFailed(f"models and migrations differ: {differences}")
+        print("models and migrations agree")
+    return EXIT_OK
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    host = args.host or settings.host
+    port = args.port or settings.port
+    if is_memory_sqlite(settings.database_url):
+        if args.workers > 1:
+            raise CommandFailed("an in-memory SQLite database cannot be shared by several --workers")
+    elif args.no_migrate:
+        _with_engine(settings, ping)
+    else:
+        _with_engine(settings, migrations.upgrade)
+        log.info("database_migrated", revision=migrations.head_revision())
+
+    if args.workers > 1:
+        # Each worker process builds its own app (and reads the same settings) through the factory.
+        uvicorn.run(
+            "gateway.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=args.workers,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+        )
+        return EXIT_OK
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has drained; with a handler in place
+    # that re-raise is a no-op, so a graceful stop ends with exit code 0 instead of -15.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda received, frame: None)
+    server.run()
+    return EXIT_OK if server.started else EXIT_FAILURE

@@ -1,0 +1,1 @@
+"""Plain dataclasses shared by every layer; standard library only."""

@@ -1,0 +1,98 @@
+"""structlog set-up, done once by whoever starts the process (the CLI or a test), never at import.
+
+Standard-library loggers (uvicorn, alembic, sqlalchemy) go through the same processors, so json
+mode really is one JSON object per line whatever wrote it. A redactor replaces every configured
+secret, wherever it appears in an event, and any field whose name says it holds one.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any, Literal
+
+import structlog
+from structlog.types import EventDict, Processor
+
+REDACTED = "***"
+_SECRET_KEY = re.compile(r"(token|secret|password|passwd|signature|authorization|api_key|apikey)", re.I)
+
+
+class SecretRedactor:
+    """Scrubs known secret values and secret-named fields from every event."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        # Longest first, so a secret that contains another is replaced whole.
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+    def _scrub(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in self._secrets:
+                value = value.replace(secret, REDACTED)
+            return value
+        if isinstance(value, dict):
+            return {k: REDACTED if _is_secret_key(k) else self._scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._scrub(v) for v in value]
+        return value
+
+    def __call__(self, logger: Any, method: str, event_dict: EventDict) -> EventDict:
+        for key, value in list(event_dict.items()):
+            event_dict[key] = REDACTED if _is_secret_key(key) else self._scrub(value)
+        return event_dict
+
+
+def _is_secret_key(key: Any) -> bool:
+    return isinstance(key, str) and bool(_SECRET_KEY.search(key))
+
+
+def _drop_color_message(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> EventDict:
+    # uvicorn duplicates its message with ANSI colours in this extra field.
+    event_dict.pop("color_message", None)
+    return dict(event_dict)
+
+
+def configure_logging(
+    level: str = "info", fmt: Literal["json", "console"] = "json", secrets: Iterable[str] = ()
+) -> None:
+    """Route structlog and standard logging through one chain of processors to stderr."""
+    shared: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _drop_color_message,
+    ]
+    renderer: Processor
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+        shared.append(structlog.processors.dict_tracebacks)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    shared.append(SecretRedactor(secrets))  # last, so tracebacks rendered above are scrubbed too
+
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # uvicorn's own access log is replaced by the gateway's request_finished event.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    logging.getLogger("uvicorn.access").disabled = True
+    # Alembic narrates every step at INFO; the gateway logs its own database_migrated event instead.
+    logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))

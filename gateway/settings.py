@@ -1,0 +1,167 @@
+"""Typed settings, read once at start-up: defaults < TOML file < GATEWAY_* environment variables.
+
+The TOML file is flat: each key is a field name below, and its environment variable is
+``GATEWAY_`` + the key in upper case. Fields holding secrets are ``SecretStr`` so they never
+print; ``Settings.secret_values()`` feeds the log redactor.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from gateway.errors import SettingsError
+
+ENV_PREFIX = "GATEWAY_"
+CONFIG_FILE_ENV = "GATEWAY_CONFIG_FILE"
+DEFAULT_CONFIG_FILE = Path("config/gateway.toml")
+# GATEWAY_* variables that are not settings, so they are not reported as unknown.
+NON_SETTING_ENV = frozenset({CONFIG_FILE_ENV, "GATEWAY_TEST_POSTGRES_URL"})
+
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+
+class Settings(BaseSettings):
+    """Every setting of the service. Field names are the TOML keys; secrets are SecretStr."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        frozen=True,
+        case_sensitive=False,
+        validate_default=True,
+    )
+
+    database_url: str = Field(
+        default="sqlite+aiosqlite:///./data/gateway.db",
+        description="SQLAlchemy async URL: sqlite+aiosqlite:///path or postgresql+asyncpg://user:pw@host/db.",
+    )
+    host: str = Field(default="127.0.0.1", min_length=1, description="Address `gateway serve` binds.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port `gateway serve` binds.")
+    log_level: LogLevel = Field(default="info", description="Lowest level that is logged.")
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto", description="json: one object per line; console: for humans; auto: console on a TTY."
+    )
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError(
+                "not a database URL (expected e.g. sqlite+aiosqlite:///./data/gateway.db)"
+            ) from None
+        if url.drivername not in ("sqlite+aiosqlite", "postgresql+asyncpg"):
+            raise ValueError(
+                f"unsupported driver {url.drivername!r} (use sqlite+aiosqlite:// or postgresql+asyncpg://)"
+            )
+        return value
+
+    @property
+    def resolved_log_format(self) -> Literal["json", "console"]:
+        if self.log_format == "auto":
+            return "console" if sys.stderr.isatty() else "json"
+        return self.log_format
+
+    def secret_values(self) -> list[str]:
+        """Every secret this configuration holds, for the log redactor (a URL's password included)."""
+        secrets = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr) and value.get_secret_value():
+                secrets.append(value.get_secret_value())
+        password = make_url(self.database_url).password
+        if password:
+            secrets.append(password)
+        return secrets
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init kwargs (from load_settings); the environment wins over them.
+        return env_settings, init_settings
+
+
+# Settings whose input is never echoed in an error message (a database URL may hold a password).
+SECRET_FIELDS = frozenset(
+    {"database_url"} | {name for name, f in Settings.model_fields.items() if f.annotation is SecretStr}
+)
+
+
+def env_name(field: str) -> str:
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def _config_path() -> tuple[Path, bool]:
+    """The TOML file to read and whether it was named explicitly (then it must exist)."""
+    named = os.environ.get(CONFIG_FILE_ENV)
+    if named:
+        return Path(named), True
+    return DEFAULT_CONFIG_FILE, False
+
+
+def _read_file(path: Path, required: bool) -> dict[str, Any]:
+    if not path.exists() and not required:
+        return {}
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise SettingsError(f"{CONFIG_FILE_ENV}: config file {path} does not exist") from None
+    except OSError as exc:
+        raise SettingsError(f"{CONFIG_FILE_ENV}: cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path}: not valid TOML: {exc}") from None
+
+
+def _describe(error: Any, path: Path, file_keys: set[str]) -> str:
+    field = str(error["loc"][0]) if error["loc"] else "?"
+    if error["type"] == "extra_forbidden":
+        return f"unknown setting {field!r} in config file {path}"
+    env = env_name(field)
+    if env in {key.upper() for key in os.environ}:
+        where = f"{env} (environment)"
+    elif field in file_keys:
+        where = f"{field} in {path}"
+    else:
+        where = env
+    message = str(error["msg"]).removeprefix("Value error, ")
+    # Secret values are never echoed back; other inputs help spot a typo.
+    shown = "" if field in SECRET_FIELDS else f" (got {error['input']!r})"
+    return f"invalid setting {where}: {message}{shown}"
+
+
+def load_settings() -> Settings:
+    """Read the configuration once; any problem raises SettingsError naming the setting."""
+    path, required = _config_path()
+    file_values = _read_file(path, required)
+    try:
+        return Settings(**file_values)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc.errors()[0], path, set(file_values))) from None
+
+
+def unknown_env_settings() -> list[str]:
+    """GATEWAY_* variables that name no setting: most likely typos, worth a warning."""
+    known = {env_name(name) for name in Settings.model_fields} | NON_SETTING_ENV
+    return sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)

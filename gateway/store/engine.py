@@ -1,0 +1,93 @@
+"""Async engines for SQLite (the embedded default) and PostgreSQL (the scale-out path).
+
+Only the composition root, the CLI and the migration runner call ``create_engine``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+from gateway.errors import DatabaseUnavailableError
+
+SQLITE_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA foreign_keys=ON",
+    "PRAGMA busy_timeout=5000",
+    "PRAGMA synchronous=NORMAL",
+)
+# Execution option: start the transaction with BEGIN IMMEDIATE, taking SQLite's write lock up front.
+# A deferred transaction that reads and then writes can fail at once with SQLITE_BUSY when another
+# connection wrote meanwhile; busy_timeout only helps when the lock is taken at BEGIN.
+SQLITE_IMMEDIATE = "sqlite_immediate"
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+def is_memory_sqlite(url: str | URL) -> bool:
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and (
+        parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory"
+    )
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL with its password hidden, fit for logs and error messages."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _create_sqlite_engine(parsed, **kwargs)
+    return create_async_engine(
+        parsed, pool_pre_ping=True, connect_args={"timeout": CONNECT_TIMEOUT_SECONDS}, **kwargs
+    )
+
+
+def _create_sqlite_engine(url: URL, **kwargs: Any) -> AsyncEngine:
+    if is_memory_sqlite(url):
+        # One shared connection: every session sees the same in-memory database.
+        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        assert url.database is not None
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url, **kwargs)
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Hand transaction control to SQLAlchemy (the driver's implicit BEGIN is unreliable), so
+        # DDL is transactional and BEGIN IMMEDIATE is possible; see the "begin" hook below.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        for pragma in SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        immediate = conn.get_execution_options().get(SQLITE_IMMEDIATE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def describe_failure(url: str | URL, exc: BaseException) -> str:
+    """One line saying why the database could not be used, without a password or a traceback."""
+    reason = getattr(exc, "orig", None) or exc
+    detail = str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__
+    return f"cannot use the database at {safe_url(url)}: {detail}"
+
+
+async def ping(engine: AsyncEngine) -> None:
+    """Raise DatabaseUnavailableError unless the database answers a trivial query."""
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except (SQLAlchemyError, OSError, TimeoutError) as exc:
+        raise DatabaseUnavailableError(describe_failure(engine.url, exc)) from exc

@@ -1,0 +1,100 @@
+"""The SQL schema. Table and column names are part of the contract (other tools read them).
+
+Every datetime is timezone-aware UTC on the Python side, whatever the backend stores.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, MetaData, String
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores aware datetimes as UTC; SQLite hands back naive values, which are UTC by construction."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given; the gateway stores timezone-aware UTC only")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON()}
+
+
+class SessionRow(Base):
+    """One conversation: who is answering it, its title and how many messages it holds."""
+
+    __tablename__ = "chatflow_sessions"
+
+    session_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    active_agent_name: Mapped[str | None] = mapped_column(String(255))
+    title: Mapped[str | None] = mapped_column(String(255))
+    metadata_json: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    message_count: Mapped[int] = mapped_column(default=0)
+
+    # Newest-first listing with a stable keyset (updated_at, session_id).
+    __table_args__ = (Index(None, "updated_at", "session_id"),)
+
+
+class MessageRow(Base):
+    """One message of a session, at its position; pruning deletes the oldest positions."""
+
+    __tablename__ = "chatflow_messages"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(
+        String(255), ForeignKey("chatflow_sessions.session_id", ondelete="CASCADE")
+    )
+    position: Mapped[int]
+    role: Mapped[str] = mapped_column(String(16))
+    message_json: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    # Loading a session reads one indexed range; a position is taken once per session.
+    __table_args__ = (Index(None, "session_id", "position", unique=True),)
+
+
+class ProcessedMessageRow(Base):
+    """A platform message key already accepted; re-deliveries with the same key are dropped."""
+
+    __tablename__ = "chatflow_processed_messages"
+
+    message_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    processed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)

@@ -1,0 +1,1 @@
+"""HTTP routes and middleware; the only place Starlette is used."""
