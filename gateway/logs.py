@@ -77,7 +77,7 @@ def configure_logging(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=False,  # tests reconfigure; a cached logger would keep old settings
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(

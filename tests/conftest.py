@@ -1,0 +1,75 @@
+"""Shared fixtures: a clean environment per test, and databases on every backend."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from gateway.store.engine import create_engine
+
+POSTGRES_ENV = "GATEWAY_TEST_POSTGRES_URL"
+POSTGRES_SKIP_REASON = f"{POSTGRES_ENV} is not set, so no PostgreSQL server is known to these tests"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No GATEWAY_* setting leaks in from the shell, and no config/gateway.toml from the checkout."""
+    for name in list(os.environ):
+        if name.upper().startswith("GATEWAY_") and name != POSTGRES_ENV:
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'db' / 'gateway.db'}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty database on the test server, dropped afterwards."""
+    admin_url = os.environ.get(POSTGRES_ENV)
+    if not admin_url:
+        pytest.skip(POSTGRES_SKIP_REASON)
+    name = f"gw_test_{uuid.uuid4().hex[:12]}"
+    _admin(admin_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        _admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _admin(admin_url: str, statement: str) -> None:
+    import asyncio
+
+    async def run() -> None:
+        engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql(statement)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(run())
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """The same test on an SQLite file and on PostgreSQL."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(database_url)
+    yield engine
+    await engine.dispose()

@@ -1,0 +1,133 @@
+"""The database layer: SQLite pragmas, file and in-memory databases, UTC datetimes, cascades."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import delete, func, insert, select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.errors import DatabaseUnavailableError
+from gateway.store import migrations
+from gateway.store.engine import create_engine, ping
+from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
+from tests.helpers import free_port
+
+
+async def test_sqlite_pragmas_hold_on_every_connection(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'p.db'}")
+    try:
+        async with engine.connect() as first, engine.connect() as second:
+            for conn in (first, second):
+                values = [
+                    (await conn.execute(text(f"PRAGMA {name}"))).scalar()
+                    for name in ("journal_mode", "foreign_keys", "busy_timeout", "synchronous")
+                ]
+                assert values == ["wal", 1, 5000, 1]  # synchronous=1 is NORMAL
+    finally:
+        await engine.dispose()
+
+
+async def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "gateway.db"
+    engine = create_engine(f"sqlite+aiosqlite:///{path}")
+    try:
+        await ping(engine)
+    finally:
+        await engine.dispose()
+    assert path.exists()
+
+
+async def test_in_memory_database_is_one_shared_connection() -> None:
+    engine = create_engine("sqlite+aiosqlite:///:memory:")
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+            await conn.execute(text("INSERT INTO t VALUES (7)"))
+        async with engine.connect() as other:
+            assert (await other.execute(text("SELECT x FROM t"))).scalar() == 7
+    finally:
+        await engine.dispose()
+
+
+async def test_ping_an_unreachable_server_raises_a_clear_error() -> None:
+    engine = create_engine(f"postgresql+asyncpg://postgres:s3cret-pw@127.0.0.1:{free_port()}/x")
+    try:
+        with pytest.raises(DatabaseUnavailableError) as caught:
+            await ping(engine)
+    finally:
+        await engine.dispose()
+    assert "cannot use the database at postgresql+asyncpg://postgres:***@127.0.0.1" in str(caught.value)
+    assert "s3cret-pw" not in str(caught.value)
+
+
+async def seed_session(engine: AsyncEngine, session_id: str, messages: int) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(insert(SessionRow).values(session_id=session_id, message_count=messages))
+        for position in range(messages):
+            await conn.execute(
+                insert(MessageRow).values(
+                    session_id=session_id, position=position, role="user", message_json={"content": "hi"}
+                )
+            )
+
+
+async def test_deleting_a_session_cascades_to_its_messages(engine: AsyncEngine) -> None:
+    await migrations.upgrade(engine)
+    await seed_session(engine, "whatsapp:1:alice", 3)
+    await seed_session(engine, "telegram:42", 2)
+    async with engine.begin() as conn:
+        await conn.execute(delete(SessionRow).where(SessionRow.session_id == "whatsapp:1:alice"))
+    async with engine.connect() as conn:
+        counts = dict(
+            (
+                await conn.execute(
+                    select(MessageRow.session_id, func.count()).group_by(MessageRow.session_id)
+                )
+            ).all()
+        )
+    assert counts == {"telegram:42": 2}
+
+
+async def test_a_message_needs_an_existing_session(engine: AsyncEngine) -> None:
+    await migrations.upgrade(engine)
+    from sqlalchemy.exc import IntegrityError
+
+    with pytest.raises(IntegrityError):
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(MessageRow).values(session_id="ghost", position=0, role="user", message_json={})
+            )
+
+
+async def test_datetimes_come_back_timezone_aware_utc(engine: AsyncEngine) -> None:
+    await migrations.upgrade(engine)
+    local = datetime(2026, 11, 30, 12, 0, tzinfo=timezone(timedelta(hours=3)))
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(ProcessedMessageRow).values(message_key="wa:msg:1", platform="whatsapp", expires_at=local)
+        )
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(ProcessedMessageRow))).one()
+    assert row.expires_at == local
+    assert row.expires_at.tzinfo == UTC
+    assert row.processed_at.tzinfo == UTC
+
+
+async def test_naive_datetimes_are_refused(sqlite_url: str) -> None:
+    engine = create_engine(sqlite_url)
+    try:
+        await migrations.upgrade(engine)
+        with pytest.raises(Exception, match="naive datetime"):
+            async with engine.begin() as conn:
+                await conn.execute(
+                    insert(ProcessedMessageRow).values(
+                        message_key="k",
+                        platform="telegram",
+                        expires_at=datetime(2026, 1, 1),  # noqa: DTZ001
+                    )
+                )
+    finally:
+        await engine.dispose()

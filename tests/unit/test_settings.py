@@ -1,0 +1,163 @@
+"""Settings: defaults < config file < environment, and every way a bad setting stops start-up."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.errors import SettingsError
+from gateway.settings import Settings, load_settings, unknown_env_settings
+from tests.helpers import GATEWAY, gateway_env
+
+
+def write_config(directory: Path, text: str) -> Path:
+    path = directory / "config" / "gateway.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_file_or_environment() -> None:
+    settings = load_settings()
+    assert settings.database_url == "sqlite+aiosqlite:///./data/gateway.db"
+    assert (settings.host, settings.port) == ("127.0.0.1", 8000)
+    assert settings.log_level == "info"
+    assert settings.log_format == "auto"
+
+
+def test_file_overrides_defaults_and_environment_overrides_file(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_config(clean_env, 'port = 9001\nhost = "0.0.0.0"\nlog_level = "debug"\n')
+    monkeypatch.setenv("GATEWAY_PORT", "9002")
+    settings = load_settings()
+    assert settings.port == 9002  # environment beats the file
+    assert settings.host == "0.0.0.0"  # file beats the default
+    assert settings.log_level == "debug"
+
+
+def test_config_file_env_names_another_file(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_config(clean_env, "port = 9001\n")
+    other = clean_env / "elsewhere.toml"
+    other.write_text('log_format = "json"\n')
+    monkeypatch.setenv("GATEWAY_CONFIG_FILE", str(other))
+    settings = load_settings()
+    assert settings.port == 8000  # the default file is not read when another is named
+    assert settings.resolved_log_format == "json"
+
+
+def test_shipped_config_file_is_valid_and_lists_every_setting() -> None:
+    shipped = Path(__file__).resolve().parents[2] / "config" / "gateway.toml"
+    text = shipped.read_text()
+    for name in Settings.model_fields:
+        assert f"# {name} = " in text, f"config/gateway.toml does not document {name}"
+    # Uncommented, the documented defaults are exactly the built-in ones.
+    uncommented = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# ") and " = " in line)
+    import tomllib
+
+    assert Settings(**tomllib.loads(uncommented)) == Settings()
+
+
+def test_values_are_case_insensitive_where_sensible(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_LOG_LEVEL", "WARNING")
+    assert load_settings().log_level == "warning"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"GATEWAY_PORT": "abc"}, "GATEWAY_PORT"),
+        ({"GATEWAY_PORT": "70000"}, "GATEWAY_PORT"),
+        ({"GATEWAY_LOG_LEVEL": "loud"}, "GATEWAY_LOG_LEVEL"),
+        ({"GATEWAY_LOG_FORMAT": "xml"}, "GATEWAY_LOG_FORMAT"),
+        ({"GATEWAY_DATABASE_URL": "mysql://root@localhost/x"}, "GATEWAY_DATABASE_URL"),
+        ({"GATEWAY_DATABASE_URL": "not a url"}, "GATEWAY_DATABASE_URL"),
+        ({"GATEWAY_HOST": ""}, "GATEWAY_HOST"),
+    ],
+)
+def test_bad_environment_value_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], named: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SettingsError, match=named):
+        load_settings()
+
+
+def test_bad_file_value_names_the_key_and_the_file(clean_env: Path) -> None:
+    path = write_config(clean_env, 'port = "eighty"\n')
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "port" in str(caught.value)
+    assert str(path.relative_to(clean_env)) in str(caught.value)
+
+
+def test_unknown_key_in_file_is_an_error(clean_env: Path) -> None:
+    write_config(clean_env, 'databse_url = "sqlite+aiosqlite:///x.db"\n')
+    with pytest.raises(SettingsError, match="unknown setting 'databse_url'"):
+        load_settings()
+
+
+def test_invalid_toml_is_an_error(clean_env: Path) -> None:
+    write_config(clean_env, "port = = 1\n")
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        load_settings()
+
+
+def test_named_config_file_must_exist(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    monkeypatch.setenv("GATEWAY_CONFIG_FILE", str(clean_env / "missing.toml"))
+    with pytest.raises(SettingsError, match=r"GATEWAY_CONFIG_FILE.*does not exist"):
+        load_settings()
+
+
+def test_unreadable_config_file_is_an_error(monkeypatch: pytest.MonkeyPatch, clean_env: Path) -> None:
+    # A directory cannot be read as a file, even by root (who ignores permission bits).
+    directory = clean_env / "conf.toml"
+    directory.mkdir()
+    monkeypatch.setenv("GATEWAY_CONFIG_FILE", str(directory))
+    with pytest.raises(SettingsError, match=r"GATEWAY_CONFIG_FILE: cannot read"):
+        load_settings()
+
+
+def test_database_password_is_not_echoed_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_DATABASE_URL", "mysql://root:hunter2-secret@db/x")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "GATEWAY_DATABASE_URL" in str(caught.value)
+    assert "hunter2-secret" not in str(caught.value)
+
+
+def test_secret_values_include_the_database_password() -> None:
+    settings = Settings(database_url="postgresql+asyncpg://gw:pa55-word@db:5432/gw")
+    assert "pa55-word" in settings.secret_values()
+
+
+def test_unknown_gateway_variables_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_DATABSE_URL", "typo")
+    monkeypatch.setenv("GATEWAY_PORT", "8001")
+    assert unknown_env_settings() == ["GATEWAY_DATABSE_URL"]
+
+
+def test_cli_exits_2_with_one_line_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GATEWAY_LOG_FORMAT", "xml")
+    assert main(["db", "current"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "GATEWAY_LOG_FORMAT" in err
+
+
+def test_real_process_exits_2_on_unknown_file_key(clean_env: Path) -> None:
+    write_config(clean_env, "prot = 8001\n")
+    result = subprocess.run(
+        [GATEWAY, "serve"], cwd=clean_env, env=gateway_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gateway: unknown setting 'prot' in config file {Path('config/gateway.toml')}"
+    ]
+    assert not (clean_env / "data").exists(), "nothing may be created when start-up is refused"
