@@ -29,8 +29,9 @@ async def migrate(url: str) -> None:
 async def test_healthz_and_readyz_when_migrated(database_url: str) -> None:
     await migrate(database_url)
     with serve_in_thread(create_app(Settings(database_url=database_url))) as base:
-        health = httpx.get(f"{base}/healthz")
-        ready = httpx.get(f"{base}/readyz")
+        async with httpx.AsyncClient(base_url=base) as client:
+            health = await client.get("/healthz")
+            ready = await client.get("/readyz")
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert ready.status_code == 200
     assert ready.json() == {"status": "ready", "database": "ok", "schema": migrations.head_revision()}

@@ -95,20 +95,21 @@ async def test_check_passes_at_head_and_reports_drift(engine: AsyncEngine) -> No
     assert "ix_chatflow_processed_messages_expires_at" in differences
 
 
+async def start_upgrade(env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        GATEWAY, "db", "upgrade", env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+
+
 @pytest.mark.slow
 async def test_concurrent_upgrades_from_several_processes_do_not_collide(
     database_url: str, engine: AsyncEngine
 ) -> None:
     # Separate processes, as replicas starting together would be (alembic's context is per process).
     env = gateway_env(GATEWAY_DATABASE_URL=database_url, GATEWAY_LOG_FORMAT="json")
-    replicas = [
-        subprocess.Popen(
-            [GATEWAY, "db", "upgrade"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for _ in range(4)
-    ]
-    results = [(p.communicate(timeout=120)[1], p.returncode) for p in replicas]
-    assert [code for _, code in results] == [0, 0, 0, 0], results
+    replicas = [await start_upgrade(env) for _ in range(4)]
+    errors = [(await p.communicate())[1] for p in replicas]
+    assert [p.returncode for p in replicas] == [0, 0, 0, 0], errors
     assert await migrations.current(engine) == migrations.head_revision()
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM alembic_version"))).scalar() == 1
@@ -180,17 +181,12 @@ async def test_postgres_replicas_queue_on_the_migration_lock(postgres_url: str) 
             await holder.execute(
                 text("SELECT pg_advisory_xact_lock(:k)"), {"k": migrations.MIGRATION_LOCK_KEY}
             )
-            replicas = [
-                subprocess.Popen(
-                    [GATEWAY, "db", "upgrade"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-                )
-                for _ in range(3)
-            ]
+            replicas = [await start_upgrade(env) for _ in range(3)]
             waiting = await wait_for_lock_waiters(engine, expected=3)
             assert waiting == 3, "the replicas did not queue on the migration lock"
             assert await migrations.current(engine) is None, "a replica migrated while the lock was held"
             await holder.rollback()  # releases the lock
-        errors = [p.communicate(timeout=120)[1] for p in replicas]
+        errors = [(await p.communicate())[1] for p in replicas]
         assert [p.returncode for p in replicas] == [0, 0, 0], errors
         assert await migrations.current(engine) == migrations.head_revision()
     finally:

@@ -1,0 +1,174 @@
+"""The real `gateway serve` process, as a user starts it: README's first command in a fresh directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.store.engine import create_engine
+from tests.helpers import GATEWAY, free_port, gateway_env
+
+pytestmark = pytest.mark.e2e
+START_TIMEOUT_SECONDS = 60
+
+
+def wait_ready(process: subprocess.Popen[str], base: str) -> httpx.Response:
+    """Poll /readyz until it answers 200; fail early if the process dies."""
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    last: httpx.Response | None = None
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"gateway serve exited with {process.returncode}"
+        try:
+            last = httpx.get(f"{base}/readyz", timeout=5)
+            if last.status_code == 200:
+                return last
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"not ready after {START_TIMEOUT_SECONDS}s; last answer: {last and last.text}")
+
+
+def stop(process: subprocess.Popen[str]) -> tuple[int, str]:
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    return process.returncode, err
+
+
+def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [GATEWAY, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=gateway_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        ready = wait_ready(process, base)
+        assert ready.json() == {"status": "ready", "database": "ok", "schema": "0001"}
+        assert (tmp_path / "data" / "gateway.db").is_file()
+
+        health = httpx.get(f"{base}/healthz", headers={"X-Request-ID": "e2e-1"})
+        assert health.json() == {"status": "ok"}
+        assert health.headers["X-Request-ID"] == "e2e-1"
+
+        missing = httpx.get(f"{base}/does-not-exist")
+        assert missing.status_code == 404
+        assert missing.headers["content-type"] == "application/json"
+        assert missing.json()["request_id"] == missing.headers["X-Request-ID"]
+
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'gateway_http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in metrics
+        assert "process_resident_memory_bytes" in metrics
+    finally:
+        code, err = stop(process)
+    assert code == 0, err
+    events = [json.loads(line) for line in err.splitlines()]  # not a TTY: every line is JSON
+    access = [e for e in events if e["event"] == "request_finished" and e["path"] == "/healthz"]
+    assert access, "no access event for /healthz"
+    assert access[0]["request_id"] == "e2e-1"
+    assert {"method", "status", "duration_ms"} <= set(access[0])
+    assert any(e["event"] == "database_migrated" for e in events)
+
+
+def test_serve_with_unreachable_postgres_exits_1_with_one_line(tmp_path: Path) -> None:
+    url = f"postgresql+asyncpg://gw:do-not-print@127.0.0.1:{free_port()}/gateway"
+    result = subprocess.run(
+        [GATEWAY, "serve"],
+        cwd=tmp_path,
+        env=gateway_env(GATEWAY_DATABASE_URL=url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("gateway: cannot use the database at postgresql+asyncpg://gw:***@127.0.0.1")
+    assert "do-not-print" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_with_several_workers(tmp_path: Path) -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [GATEWAY, "serve", "--port", str(port), "--workers", "2"],
+        cwd=tmp_path,
+        env=gateway_env(GATEWAY_LOG_FORMAT="json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_ready(process, f"http://127.0.0.1:{port}").json()["schema"] == "0001"
+    finally:
+        code, err = stop(process)
+    assert code == 0, err
+    started = [json.loads(line) for line in err.splitlines() if '"gateway_started"' in line]
+    assert len(started) == 2  # one app per worker process
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+async def test_sigterm_drains_an_in_flight_request(postgres_url: str, tmp_path: Path) -> None:
+    """A request blocked in the database when SIGTERM arrives still gets its answer; exit code 0."""
+    port = free_port()
+    env = gateway_env(GATEWAY_DATABASE_URL=postgres_url, GATEWAY_LOG_FORMAT="json")
+    process = await asyncio.create_subprocess_exec(
+        GATEWAY, "serve", "--port", str(port), cwd=tmp_path, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    assert process.stderr is not None
+    base = f"http://127.0.0.1:{port}"
+    engine = create_engine(postgres_url)
+    try:
+        await read_until(process.stderr, "Application startup complete")
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client, engine.connect() as blocker:
+            # Hold the schema table so /readyz blocks inside the database.
+            await blocker.execute(text("LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE"))
+            in_flight = asyncio.create_task(client.get("/readyz"))
+            await wait_for_blocked_query(engine)
+            process.send_signal(signal.SIGTERM)
+            await read_until(process.stderr, "Shutting down")
+            await blocker.rollback()  # let the blocked request finish
+            response = await in_flight
+        assert response.status_code == 200
+        assert response.json()["status"] == "ready"
+        rest = await process.stderr.read()
+        assert await process.wait() == 0, rest.decode()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        await engine.dispose()
+
+
+async def read_until(stream: asyncio.StreamReader, marker: str) -> None:
+    async with asyncio.timeout(START_TIMEOUT_SECONDS):
+        while True:
+            line = (await stream.readline()).decode()
+            assert line, f"the process ended before logging {marker!r}"
+            if marker in line:
+                return
+
+
+async def wait_for_blocked_query(engine: AsyncEngine) -> None:
+    """Poll pg_locks (the server's own view) until a session waits for a lock."""
+    query = text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+    async with asyncio.timeout(START_TIMEOUT_SECONDS):
+        while True:
+            async with engine.connect() as conn:
+                if (await conn.execute(query)).scalar_one() > 0:
+                    return
+            await asyncio.sleep(0.05)
