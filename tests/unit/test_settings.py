@@ -161,3 +161,9 @@ def test_real_process_exits_2_on_unknown_file_key(clean_env: Path) -> None:
         f"gateway: unknown setting 'prot' in config file {Path('config/gateway.toml')}"
     ]
     assert not (clean_env / "data").exists(), "nothing may be created when start-up is refused"
+
+
+def test_readme_documents_every_setting() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"`GATEWAY_{name.upper()}`" in readme, f"README does not document GATEWAY_{name.upper()}"
