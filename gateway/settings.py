@@ -11,7 +11,7 @@ import os
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -50,6 +50,40 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", description="json: one object per line; console: for humans; auto: console on a TTY."
     )
+
+    model: str = Field(
+        default="scripted",
+        description="Default model of agents that name none: 'scripted' (offline) or 'openai:<model>'.",
+    )
+    openai_base_url: str = Field(
+        default="https://api.openai.com/v1",
+        description="Base URL of an OpenAI-compatible Chat Completions server.",
+    )
+    openai_api_key: SecretStr | None = Field(default=None, description="Bearer key for that server.")
+    agent: str = Field(
+        default="gateway.demo:agent",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="The starting agent, as module:attribute.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        if value == "scripted" or (value.startswith("openai:") and len(value) > len("openai:")):
+            return value
+        raise ValueError("must be 'scripted' or 'openai:<model>'")
+
+    @field_validator("openai_api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("openai_base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -104,7 +138,12 @@ class Settings(BaseSettings):
 
 # Settings whose input is never echoed in an error message (a database URL may hold a password).
 SECRET_FIELDS = frozenset(
-    {"database_url"} | {name for name, f in Settings.model_fields.items() if f.annotation is SecretStr}
+    {"database_url"}
+    | {
+        name
+        for name, f in Settings.model_fields.items()
+        if SecretStr in (f.annotation, *get_args(f.annotation))
+    }
 )
 
 

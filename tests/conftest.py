@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,7 @@ def postgres_url() -> Iterator[str]:
 
 
 def _admin(admin_url: str, statement: str) -> None:
-    import asyncio
+    """Run one statement on the server, on a thread of its own (callers may be inside an event loop)."""
 
     async def run() -> None:
         engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
@@ -57,7 +59,8 @@ def _admin(admin_url: str, statement: str) -> None:
         finally:
             await engine.dispose()
 
-    asyncio.run(run())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, run()).result()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -12,7 +12,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from gateway.errors import DatabaseUnavailableError
 
@@ -52,8 +52,14 @@ def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
 
 def _create_sqlite_engine(url: URL, **kwargs: Any) -> AsyncEngine:
     if is_memory_sqlite(url):
-        # One shared connection: every session sees the same in-memory database.
-        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        # Exactly one connection, lent to one user at a time: every user sees the same in-memory
+        # database, and concurrent tasks queue for it instead of nesting transactions on it.
+        kwargs.update(
+            poolclass=AsyncAdaptedQueuePool,
+            pool_size=1,
+            max_overflow=0,
+            connect_args={"check_same_thread": False},
+        )
     else:
         assert url.database is not None
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,10 @@ engine from the settings. Both paths take the same lock, so replicas upgrading a
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import io
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,6 +45,7 @@ def alembic_config(stdout: TextIO | None = None) -> Config:
     return config
 
 
+@functools.cache
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None, "the migrations directory holds no revision"
@@ -58,7 +62,7 @@ async def _run(engine: AsyncEngine, action: Callable[[Config], Any], *, write: b
         action(config)
 
     try:
-        async with engine.connect() as conn:
+        async with _process_lock(), engine.connect() as conn:
             if write:
                 await conn.execution_options(**{SQLITE_IMMEDIATE: True})
             async with conn.begin():
@@ -70,6 +74,22 @@ async def _run(engine: AsyncEngine, action: Callable[[Config], Any], *, write: b
 
 async def upgrade(engine: AsyncEngine, revision: str = "head") -> str:
     return await _run(engine, lambda c: command.upgrade(c, revision), write=True)
+
+
+# Alembic keeps its migration context in a module global, so two commands interleaving on one
+# event loop would trample each other: commands in one process take turns (one lock per loop).
+_loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _process_lock() -> asyncio.Lock:
+    return _loop_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+
+
+async def ensure_head(engine: AsyncEngine) -> None:
+    """Bring the schema to head unless it is there already (one cheap query in the common case)."""
+    if await current(engine) == head_revision():
+        return
+    await upgrade(engine)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> str:

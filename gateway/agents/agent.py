@@ -1,0 +1,95 @@
+"""Agents: a name, instructions, a model, tools, and the agents it may hand the conversation to."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from gateway.agents.tools import Tool
+
+if TYPE_CHECKING:
+    from gateway.agents.models.base import Model
+
+HANDOFF_PREFIX = "transfer_to_"
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def snake_case(name: str) -> str:
+    """'Billing Agent', 'BillingAgent' and 'billing-agent' all become 'billing_agent'."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name.strip())
+    return re.sub(r"[^0-9a-zA-Z]+", "_", spaced).strip("_").lower()
+
+
+def handoff_tool_name(agent_name: str) -> str:
+    return HANDOFF_PREFIX + snake_case(agent_name)
+
+
+class Agent:
+    """A persona the runner can put in charge of a session.
+
+    `instructions` is a string or a callable returning one (called each time the model is asked,
+    so it can include the date or a lookup). `model` is a Model, a spec string ("scripted",
+    "openai:<model>") or None for the service default.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        instructions: str | Callable[[], str] = "",
+        model: Model | str | None = None,
+        tools: Iterable[Tool] = (),
+        handoffs: Iterable[Agent] = (),
+    ) -> None:
+        if not name or not name.strip():
+            raise ValueError("an agent needs a non-empty name")
+        if not (isinstance(instructions, str) or callable(instructions)):
+            raise TypeError("instructions must be a string or a callable returning one")
+        self.name = name
+        self.instructions = instructions
+        self.model = model
+        self.tools: list[Tool] = list(tools)
+        self.handoffs: list[Agent] = list(handoffs)
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"agent {name!r} has two tools with the same name")
+
+    def __repr__(self) -> str:
+        tools = [t.name for t in self.tools]
+        handoffs = [a.name for a in self.handoffs]
+        return f"Agent(name={self.name!r}, tools={tools}, handoffs={handoffs})"
+
+    def render_instructions(self) -> str:
+        if isinstance(self.instructions, str):
+            return self.instructions
+        text = self.instructions()
+        if inspect.isawaitable(text) or not isinstance(text, str):
+            raise TypeError(f"instructions of agent {self.name!r} must return a string")
+        return text
+
+    def handoff_targets(self) -> dict[str, Agent]:
+        """Handoff tool name -> the agent it transfers to."""
+        return {handoff_tool_name(target.name): target for target in self.handoffs}
+
+    def all_tools(self) -> list[Tool]:
+        """The agent's own tools plus one `transfer_to_<agent>` tool per handoff, as the model sees them."""
+        handoffs = [
+            Tool(
+                name=tool_name,
+                description=f"Hand the conversation over to {target.name}. {_first_line(target)}".strip(),
+                parameters=dict(_NO_PARAMETERS),
+                function=_no_op,
+            )
+            for tool_name, target in self.handoff_targets().items()
+        ]
+        return [*self.tools, *handoffs]
+
+
+def _first_line(agent: Agent) -> str:
+    text = agent.instructions if isinstance(agent.instructions, str) else ""
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def _no_op() -> None:
+    """Handoff tools are intercepted by the runner; this body never runs."""

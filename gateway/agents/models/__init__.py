@@ -1,0 +1,1 @@
+"""Built-in models: the offline ScriptedModel and any OpenAI-compatible Chat Completions server."""

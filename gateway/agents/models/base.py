@@ -1,0 +1,43 @@
+"""What a model is to the runner: one async method from history and tools to the next MODEL message."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from gateway.domain.messages import Message
+from gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from gateway.agents.agent import Agent
+
+
+@runtime_checkable
+class ToolSpec(Protocol):
+    """What a model needs to know of a tool: its name, what it does, and its JSON-schema parameters."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+
+@runtime_checkable
+class Model(Protocol):
+    async def respond(self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]) -> Message:
+        """Return the next MODEL message: text, tool calls, or both."""
+        ...
+
+
+class ModelError(GatewayError):
+    """A model provider refused or failed a request; carries its HTTP status and message when known."""
+
+    def __init__(self, message: str, *, status: int | None = None, provider: str | None = None) -> None:
+        super().__init__(message if status is None else f"{provider or 'model'} answered {status}: {message}")
+        self.status = status
+        self.message = message
+        self.provider = provider

@@ -1,0 +1,1 @@
+"""Session stores: in memory, and SQL (SQLite or PostgreSQL) on the gateway's own tables."""

@@ -1,0 +1,387 @@
+"""Sessions in SQL (SQLite or PostgreSQL), on the same tables and migrations as the gateway service.
+
+A turn writes only what changed, in one transaction: the session row, the pruned positions
+deleted, the new messages appended. Loading reads the session row and its kept window through
+the (session_id, position) index, so neither the number of sessions nor the turns pruned before
+make a turn slower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Insert, delete, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gateway.agents.agent import Agent
+from gateway.agents.context import DEFAULT_MAX_TURNS, DEFAULT_TITLE, SessionContext
+from gateway.agents.stores.base import (
+    DEFAULT_DEDUP_TTL_HOURS,
+    BaseSessionStore,
+    SessionDeletedError,
+    SessionInfo,
+)
+from gateway.domain.messages import Message, utcnow
+from gateway.store import migrations
+from gateway.store.engine import SQLITE_IMMEDIATE, create_engine, is_memory_sqlite
+from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
+
+PURGE_BATCH_SIZE = 1000
+SQLITE_LOCK_BUCKETS = 1024
+
+
+class SQLSessionStore(BaseSessionStore):
+    """A store on any SQLAlchemy async URL or engine; migrates the schema to head on first use."""
+
+    def __init__(
+        self,
+        url_or_engine: str | AsyncEngine,
+        default_max_turns: int = DEFAULT_MAX_TURNS,
+        dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
+        *,
+        default_title: str = DEFAULT_TITLE,
+    ) -> None:
+        super().__init__(default_max_turns, default_title=default_title)
+        if dedup_ttl_hours <= 0:
+            raise ValueError("dedup_ttl_hours must be positive")
+        self.dedup_ttl = timedelta(hours=dedup_ttl_hours)
+        if isinstance(url_or_engine, AsyncEngine):
+            self.engine, self._owns_engine = url_or_engine, False
+        elif isinstance(url_or_engine, str):
+            self.engine, self._owns_engine = create_engine(url_or_engine), True
+        else:
+            raise TypeError("url_or_engine must be a database URL or an AsyncEngine")
+        self._dialect = self.engine.dialect.name
+        self._schema_ready = False
+        self._lock_dir = _sqlite_lock_dir(self.engine)
+        # Each PostgreSQL session lock holds a pooled connection for the whole turn; leave the other
+        # half of the pool for the turns' own reads and writes, so lock holders cannot starve them.
+        self._pg_lock_slots = asyncio.Semaphore(max(1, _pool_capacity(self.engine) // 2))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r})"
+
+    async def aclose(self) -> None:
+        if self._owns_engine:
+            await self.engine.dispose()
+
+    async def _ready(self) -> AsyncEngine:
+        if not self._schema_ready:
+            await migrations.ensure_head(self.engine)
+            self._schema_ready = True
+        return self.engine
+
+    def _write(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """A transaction that takes SQLite's write lock at BEGIN (a no-op option elsewhere)."""
+        return self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin()
+
+    # --- sessions -----------------------------------------------------------------------------
+    async def get_or_create(
+        self,
+        session_id: str,
+        default_agent: Agent,
+        *,
+        metadata: dict[str, Any] | None = None,
+        max_turns: int | None = None,
+    ) -> SessionContext:
+        session = await self._load(session_id, max_turns)
+        if session is None:
+            return SessionContext(session_id, default_agent, max_turns or self.default_max_turns, metadata)
+        if metadata:
+            session.metadata.update(metadata)
+        return session
+
+    async def get(self, session_id: str) -> SessionContext | None:
+        return await self._load(session_id, None)
+
+    async def _load(self, session_id: str, max_turns: int | None) -> SessionContext | None:
+        engine = await self._ready()
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(
+                        SessionRow.active_agent_name,
+                        SessionRow.title,
+                        SessionRow.metadata_json,
+                        SessionRow.created_at,
+                        SessionRow.updated_at,
+                    ).where(SessionRow.session_id == session_id)
+                )
+            ).one_or_none()
+            if row is None:
+                return None
+            messages = (
+                await conn.execute(
+                    select(MessageRow.position, MessageRow.message_json)
+                    .where(MessageRow.session_id == session_id)
+                    .order_by(MessageRow.position)
+                )
+            ).all()
+        session = SessionContext(
+            session_id,
+            self._resolve_agent(row.active_agent_name or ""),
+            max_turns or self.default_max_turns,
+            row.metadata_json,
+        )
+        session.title = row.title
+        session.created_at, session.updated_at = row.created_at, row.updated_at
+        for position, data in messages:
+            message = Message.from_dict(data)
+            message.position = position
+            session.history.append(message)
+        session._mark_saved()
+        return session
+
+    async def save(self, session: SessionContext) -> None:
+        await self._ready()
+        now = utcnow()
+        title = self._title_for(session)
+        values = {
+            "active_agent_name": session.active_agent.name,
+            "title": title,
+            "metadata_json": session.metadata,
+            "updated_at": now,
+            "message_count": len(session.history),
+        }
+        new_messages = session._unsaved_messages()
+        next_position = session._next_position()
+        rows = []
+        for message in new_messages:
+            message.position = next_position
+            next_position += 1
+            rows.append(
+                {
+                    "session_id": session.session_id,
+                    "position": message.position,
+                    "role": message.role.value,
+                    "message_json": message.to_dict(),
+                    "created_at": message.created_at,
+                }
+            )
+        async with self._write() as conn:
+            if session._is_new:
+                await conn.execute(
+                    insert(SessionRow).values(
+                        session_id=session.session_id, created_at=session.created_at, **values
+                    )
+                )
+            else:
+                # Also takes the row lock, so a concurrent delete waits for this commit or wins before it.
+                result = await conn.execute(
+                    update(SessionRow).where(SessionRow.session_id == session.session_id).values(**values)
+                )
+                if result.rowcount == 0:
+                    raise SessionDeletedError(session.session_id)
+            pruned = session._pruned_positions()
+            if pruned:
+                await conn.execute(
+                    delete(MessageRow).where(
+                        MessageRow.session_id == session.session_id, MessageRow.position.in_(pruned)
+                    )
+                )
+            if rows:
+                await conn.execute(insert(MessageRow), rows)
+        session.title = title
+        session.updated_at = now
+        session._mark_saved()
+
+    async def delete(self, session_id: str) -> bool:
+        await self._ready()
+        async with self._write() as conn:
+            result = await conn.execute(delete(SessionRow).where(SessionRow.session_id == session_id))
+        return bool(result.rowcount)
+
+    async def list_sessions(self, limit: int = 50, offset: int = 0) -> list[SessionInfo]:
+        if limit < 0 or offset < 0:
+            raise ValueError("limit and offset must be zero or more")
+        engine = await self._ready()
+        query = (
+            select(
+                SessionRow.session_id,
+                SessionRow.title,
+                SessionRow.active_agent_name,
+                SessionRow.created_at,
+                SessionRow.updated_at,
+                SessionRow.message_count,
+                SessionRow.metadata_json,
+            )
+            .order_by(SessionRow.updated_at.desc(), SessionRow.session_id.desc())
+            .limit(limit)
+            .offset(offset)
+        )
+        async with engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [
+            SessionInfo(
+                session_id=r.session_id,
+                title=r.title,
+                active_agent_name=r.active_agent_name,
+                created_at=r.created_at,
+                updated_at=r.updated_at,
+                message_count=r.message_count,
+                metadata=r.metadata_json,
+            )
+            for r in rows
+        ]
+
+    # --- cross-process serialization --------------------------------------------------------
+    @asynccontextmanager
+    async def _exclusive(self, session_id: str) -> AsyncIterator[None]:
+        if self._dialect == "postgresql":
+            async with self._pg_lock_slots, self._pg_advisory_lock(session_id):
+                yield
+        elif self._lock_dir is not None:
+            async with _file_lock(self._lock_dir / f"{_bucket(session_id)}.lock"):
+                yield
+        else:
+            yield
+
+    @asynccontextmanager
+    async def _pg_advisory_lock(self, session_id: str) -> AsyncIterator[None]:
+        key = _lock_key(session_id)
+        async with self.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await conn.execute(select(func.pg_advisory_lock(key)))
+            try:
+                yield
+            finally:
+                await asyncio.shield(_pg_unlock(conn, key))
+
+    # --- dedup --------------------------------------------------------------------------------
+    async def is_message_processed(self, key: str) -> bool:
+        engine = await self._ready()
+        async with engine.connect() as conn:
+            found = await conn.scalar(
+                select(ProcessedMessageRow.message_key).where(
+                    ProcessedMessageRow.message_key == key, ProcessedMessageRow.expires_at > utcnow()
+                )
+            )
+        return found is not None
+
+    async def mark_message_processed(self, key: str, platform: str = "") -> bool:
+        await self._ready()
+        now = utcnow()
+        statement = self._upsert_expired(
+            {
+                "message_key": key,
+                "platform": platform,
+                "processed_at": now,
+                "expires_at": now + self.dedup_ttl,
+            },
+            now,
+        )
+        async with self._write() as conn:
+            result = await conn.execute(statement)
+        return bool(result.rowcount)
+
+    def _upsert_expired(self, values: dict[str, Any], now: Any) -> Insert:
+        """INSERT the key; on conflict take it over only if the old mark has expired."""
+        dialect_insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
+        statement = dialect_insert(ProcessedMessageRow).values(**values)
+        return statement.on_conflict_do_update(
+            index_elements=[ProcessedMessageRow.message_key],
+            set_={
+                "platform": statement.excluded.platform,
+                "processed_at": statement.excluded.processed_at,
+                "expires_at": statement.excluded.expires_at,
+            },
+            where=ProcessedMessageRow.expires_at <= now,
+        )
+
+    async def purge_expired(self) -> int:
+        """Delete expired keys in batches of PURGE_BATCH_SIZE, each its own short transaction."""
+        await self._ready()
+        now = utcnow()
+        total = 0
+        while True:
+            batch = (
+                select(ProcessedMessageRow.message_key)
+                .where(ProcessedMessageRow.expires_at <= now)
+                .limit(PURGE_BATCH_SIZE)
+                .scalar_subquery()
+            )
+            async with self._write() as conn:
+                result = await conn.execute(
+                    delete(ProcessedMessageRow).where(ProcessedMessageRow.message_key.in_(batch))
+                )
+            total += result.rowcount
+            if result.rowcount < PURGE_BATCH_SIZE:
+                return total
+
+
+class SQLiteSessionStore(SQLSessionStore):
+    """The SQL store on an SQLite file path (or ":memory:")."""
+
+    def __init__(
+        self,
+        db_path: str | os.PathLike[str],
+        default_max_turns: int = DEFAULT_MAX_TURNS,
+        dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
+        *,
+        default_title: str = DEFAULT_TITLE,
+    ) -> None:
+        path = str(db_path)
+        url = "sqlite+aiosqlite:///:memory:" if path == ":memory:" else f"sqlite+aiosqlite:///{Path(path)}"
+        super().__init__(url, default_max_turns, dedup_ttl_hours, default_title=default_title)
+
+
+def _pool_capacity(engine: AsyncEngine) -> int:
+    pool = engine.sync_engine.pool
+    size = getattr(pool, "size", None)
+    overflow = int(getattr(pool, "_max_overflow", 0))
+    return (int(size()) if callable(size) else 5) + max(0, overflow)
+
+
+def _sqlite_lock_dir(engine: AsyncEngine) -> Path | None:
+    """Lock files live next to an SQLite file, shared by every process that opens it."""
+    url = make_url(engine.url)
+    if url.get_backend_name() != "sqlite" or is_memory_sqlite(url) or not url.database:
+        return None
+    return Path(url.database).expanduser().resolve().with_suffix(".locks")
+
+
+def _digest(session_id: str) -> bytes:
+    return hashlib.blake2b(session_id.encode(), digest_size=8).digest()
+
+
+def _lock_key(session_id: str) -> int:
+    return int.from_bytes(_digest(session_id), "big", signed=True)
+
+
+def _bucket(session_id: str) -> int:
+    return int.from_bytes(_digest(session_id), "big") % SQLITE_LOCK_BUCKETS
+
+
+async def _pg_unlock(conn: AsyncConnection, key: int) -> None:
+    await conn.execute(select(func.pg_advisory_unlock(key)))
+
+
+@asynccontextmanager
+async def _file_lock(path: Path) -> AsyncIterator[None]:
+    """An exclusive flock on its own open file, so it excludes other processes and other tasks alike.
+
+    The blocking flock runs in a thread; if the waiting task is cancelled, the lock it may still
+    get is released as soon as it arrives.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    acquiring = asyncio.ensure_future(asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX))
+    try:
+        await asyncio.shield(acquiring)
+    except BaseException:
+        acquiring.add_done_callback(lambda _: os.close(fd))  # closing the file releases the lock
+        raise
+    try:
+        yield
+    finally:
+        os.close(fd)

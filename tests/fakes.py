@@ -1,0 +1,164 @@
+"""Fake external servers for tests, served on real loopback HTTP with `tests.helpers.serve_in_thread`.
+
+Each fake is a small Starlette app that answers from a script the test writes beforehand and records
+every request it receives, so a test can assert both what the gateway did with an answer and what it
+sent. The fakes run in the server's thread while the test appends to the script from its own, so they
+only use thread-safe containers (deque appends and pops, list appends).
+
+- `FakeOpenAI`: an OpenAI-compatible Chat Completions server (`POST /v1/chat/completions`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request a fake received: its path, headers (lower-cased names) and JSON body."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any
+
+
+@dataclass(frozen=True)
+class ScriptedResponse:
+    """One scripted answer: a JSON body (or raw `text`) with a status and headers, or a hang.
+
+    A hanging answer never comes: the handler waits until the client gives up and disconnects, so
+    timeouts are tested without sleeping and the server still stops promptly afterwards.
+    """
+
+    status: int = 200
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    text: str | None = None
+    hang: bool = False
+
+
+def chat_completion(
+    content: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    *,
+    model: str = "fake-model",
+    finish_reason: str | None = None,
+) -> dict[str, Any]:
+    """A Chat Completions response body with one choice."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop"),
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def tool_call(call_id: str, name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """One `tool_calls` entry; a dict is JSON-encoded as the API does, a string is sent as it is."""
+    encoded = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": encoded}}
+
+
+def openai_error(
+    message: str, *, type_: str = "invalid_request_error", code: str | None = None
+) -> dict[str, Any]:
+    """An error body in OpenAI's shape."""
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+class FakeOpenAI:
+    """An OpenAI-compatible server that answers from a queue of scripted responses.
+
+    Serve `app` and point a model at `{url}/v1`. When the queue is empty it answers 500 with an
+    OpenAI-shaped error saying so, which makes an unscripted request fail loudly.
+    """
+
+    def __init__(self) -> None:
+        self._script: deque[ScriptedResponse] = deque()
+        self.requests: list[RecordedRequest] = []
+        self._app = Starlette(routes=[Route("/v1/chat/completions", self._completions, methods=["POST"])])
+
+    @property
+    def app(self) -> Starlette:
+        return self._app
+
+    def enqueue(
+        self,
+        status: int = 200,
+        body: Any = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        text: str | None = None,
+    ) -> None:
+        """Script the next answer: a JSON `body`, or a raw `text` body."""
+        self._script.append(
+            ScriptedResponse(status=status, body=body, headers=dict(headers or {}), text=text)
+        )
+
+    def enqueue_reply(self, content: str) -> None:
+        """Script a plain text reply."""
+        self.enqueue(body=chat_completion(content))
+
+    def enqueue_tool_calls(self, *calls: dict[str, Any], content: str | None = None) -> None:
+        """Script a reply asking for tools (build each call with `tool_call`)."""
+        self.enqueue(body=chat_completion(content, list(calls)))
+
+    def enqueue_error(self, status: int, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+        """Script an OpenAI-shaped error answer."""
+        self.enqueue(status, openai_error(message), headers=headers)
+
+    def enqueue_hang(self) -> None:
+        """Script an answer that never comes (until the client disconnects)."""
+        self._script.append(ScriptedResponse(hang=True))
+
+    @property
+    def pending(self) -> int:
+        """Scripted answers not yet used."""
+        return len(self._script)
+
+    async def _completions(self, request: Request) -> Response:
+        raw = await request.body()
+        try:
+            payload: Any = json.loads(raw) if raw else None
+        except ValueError:
+            payload = raw.decode(errors="replace")
+        self.requests.append(
+            RecordedRequest(request.method, request.url.path, dict(request.headers.items()), payload)
+        )
+        try:
+            scripted = self._script.popleft()
+        except IndexError:
+            return JSONResponse(openai_error("FakeOpenAI: no scripted response left", type_="fake"), 500)
+        if scripted.hang:
+            await _wait_for_disconnect(request)
+            return Response(status_code=499)  # nobody is listening any more
+        if scripted.text is not None:
+            return Response(scripted.text, scripted.status, headers=dict(scripted.headers))
+        return JSONResponse(scripted.body, scripted.status, headers=dict(scripted.headers))
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # Once the body is read, the ASGI server's receive() only returns when the client goes away.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
