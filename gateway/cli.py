@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
@@ -15,6 +16,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.app import create_app
+from gateway.bootstrap import build_runner
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
 from gateway.settings import Settings, load_settings, unknown_env_settings
@@ -44,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-migrate", action="store_true", help="skip the migration; only check the database"
     )
+
+    chat = commands.add_parser("chat", help="talk to the configured agent in the terminal")
+    chat.add_argument("--session", help="session id to resume or create (default: a new cli:<random> id)")
 
     db = commands.add_parser("db", help="database migrations").add_subparsers(
         dest="db_command", required=True, metavar="ACTION"
@@ -80,7 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(settings, args)
+        if args.command == "chat":
+            return _with_engine(settings, lambda engine: _chat(settings, engine, args.session))
         return _db(settings, args)
+    except SettingsError as exc:
+        print(f"gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except (CommandFailed, DatabaseUnavailableError) as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return EXIT_FAILURE
@@ -97,6 +107,31 @@ def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]
             await engine.dispose()
 
     return asyncio.run(run())
+
+
+async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None) -> int:
+    """A terminal conversation, persisted like any other: a way to try agents before a platform."""
+    await migrations.ensure_head(engine)
+    runner = build_runner(settings, engine)
+    session_id = session_id or f"cli:{uuid.uuid4().hex[:8]}"
+    existing = await runner.session_store.get(session_id)
+    if existing is None:
+        print(f"New session {session_id} with {runner.starting_agent.name}. Ctrl-D or 'exit' ends it.")
+    else:
+        count = len(existing.history)
+        print(f"Resuming session {session_id} ({count} messages) with {existing.active_agent.name}.")
+    while True:
+        try:
+            text = await asyncio.to_thread(input, "you> ")
+        except EOFError:
+            print()
+            return EXIT_OK
+        if text.strip().lower() in {"exit", "quit"}:
+            return EXIT_OK
+        if not text.strip():
+            continue
+        result = await runner.run_async(session_id, text, metadata={"platform": "cli"})
+        print(f"{result.agent_name}> {result.content}")
 
 
 def _db(settings: Settings, args: argparse.Namespace) -> int:

@@ -81,11 +81,11 @@ class Runner:
         """Run one turn. On any failure (exception, timeout, cancellation) the session is left as it was."""
         store = self.session_store
         async with store.session_lock(session_id):
-            session = await store.get_or_create(
-                session_id, self.starting_agent, metadata=dict(metadata) if metadata else None
-            )
+            session = await store.get_or_create(session_id, self.starting_agent)
             checkpoint = session.checkpoint()
             try:
+                if metadata:
+                    session.metadata.update(metadata)  # after the checkpoint: a failed turn undoes it
                 new_messages = await self._turn(session, user_message)
                 session._prune_history()
                 await store.save(session)

@@ -38,6 +38,7 @@ from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
 
 PURGE_BATCH_SIZE = 1000
 SQLITE_LOCK_BUCKETS = 1024
+PG_SESSION_LOCKS = 20  # sessions one store runs turns on at once, on an engine it creates
 
 
 class SQLSessionStore(BaseSessionStore):
@@ -58,7 +59,10 @@ class SQLSessionStore(BaseSessionStore):
         if isinstance(url_or_engine, AsyncEngine):
             self.engine, self._owns_engine = url_or_engine, False
         elif isinstance(url_or_engine, str):
-            self.engine, self._owns_engine = create_engine(url_or_engine), True
+            self.engine, self._owns_engine = (
+                create_engine(url_or_engine, **_pool_options(url_or_engine)),
+                True,
+            )
         else:
             raise TypeError("url_or_engine must be a database URL or an AsyncEngine")
         self._dialect = self.engine.dialect.name
@@ -333,6 +337,13 @@ class SQLiteSessionStore(SQLSessionStore):
         path = str(db_path)
         url = "sqlite+aiosqlite:///:memory:" if path == ":memory:" else f"sqlite+aiosqlite:///{Path(path)}"
         super().__init__(url, default_max_turns, dedup_ttl_hours, default_title=default_title)
+
+
+def _pool_options(url: str) -> dict[str, int]:
+    """PostgreSQL: room for PG_SESSION_LOCKS turns holding a session lock, and as many working connections."""
+    if make_url(url).get_backend_name() != "postgresql":
+        return {}
+    return {"pool_size": 10, "max_overflow": 2 * PG_SESSION_LOCKS - 10}
 
 
 def _pool_capacity(engine: AsyncEngine) -> int:
