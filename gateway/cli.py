@@ -15,6 +15,7 @@ import uvicorn
 from alembic.util.exc import CommandError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.agents import ModelError
 from gateway.app import create_app
 from gateway.bootstrap import build_runner
 from gateway.errors import DatabaseUnavailableError, SettingsError
@@ -130,7 +131,11 @@ async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None)
             return EXIT_OK
         if not text.strip():
             continue
-        result = await runner.run_async(session_id, text, metadata={"platform": "cli"})
+        try:
+            result = await runner.run_async(session_id, text, metadata={"platform": "cli"})
+        except ModelError as exc:  # the turn left no trace; the conversation can go on
+            print(f"(the model failed: {exc}; try again)")
+            continue
         print(f"{result.agent_name}> {result.content}")
 
 

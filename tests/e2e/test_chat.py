@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import GATEWAY, gateway_env
+from tests.helpers import GATEWAY, free_port, gateway_env
 
 pytestmark = pytest.mark.e2e
 
@@ -63,3 +63,25 @@ def test_a_bad_agent_setting_exits_2_with_one_line(tmp_path: Path, spec: str, me
     assert len(lines) == 1, result.stderr
     assert "GATEWAY_AGENT" in lines[0]
     assert message in lines[0]
+
+
+@pytest.mark.slow
+def test_a_failing_model_does_not_end_the_chat(tmp_path: Path) -> None:
+    (tmp_path / "llm_bot.py").write_text(
+        "from gateway.agents import Agent\nbot = Agent('Llm', 'Be brief.')\n"
+    )
+    # Nothing listens on this port: each turn fails with a ModelError once the retries are spent.
+    result = chat(
+        tmp_path,
+        ["hello", "hello again"],
+        "--session",
+        "f1",
+        GATEWAY_AGENT="llm_bot:bot",
+        GATEWAY_MODEL="openai:test-model",
+        GATEWAY_OPENAI_BASE_URL=f"http://127.0.0.1:{free_port()}/v1",
+        PYTHONPATH=str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(the model failed:") == 2
+    resumed = chat(tmp_path, [], "--session", "f1")
+    assert "New session f1" in resumed.stdout  # the failed turns stored nothing
