@@ -51,9 +51,7 @@ class Agent:
         self.model = model
         self.tools: list[Tool] = list(tools)
         self.handoffs: list[Agent] = list(handoffs)
-        names = [t.name for t in self.tools]
-        if len(set(names)) != len(names):
-            raise ValueError(f"agent {name!r} has two tools with the same name")
+        self.all_tools()  # names must be unique now; the runner checks again for handoffs added later
 
     def __repr__(self) -> str:
         tools = [t.name for t in self.tools]
@@ -64,7 +62,9 @@ class Agent:
         if isinstance(self.instructions, str):
             return self.instructions
         text = self.instructions()
-        if inspect.isawaitable(text) or not isinstance(text, str):
+        if inspect.iscoroutine(text):
+            text.close()  # refused, and closed so it does not linger as "never awaited"
+        if not isinstance(text, str):
             raise TypeError(f"instructions of agent {self.name!r} must return a string")
         return text
 
@@ -73,7 +73,16 @@ class Agent:
         return {handoff_tool_name(target.name): target for target in self.handoffs}
 
     def all_tools(self) -> list[Tool]:
-        """The agent's own tools plus one `transfer_to_<agent>` tool per handoff, as the model sees them."""
+        """The agent's own tools plus one `transfer_to_<agent>` tool per handoff, as the model sees them.
+
+        ValueError when two of them share a name: the model could not tell them apart.
+        """
+        names = [t.name for t in self.tools] + [handoff_tool_name(a.name) for a in self.handoffs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(
+                f"agent {self.name!r} has several tools with the same name: {', '.join(duplicates)}"
+            )
         handoffs = [
             Tool(
                 name=tool_name,

@@ -173,6 +173,7 @@ def _walk(start: Agent) -> dict[str, Agent]:
             continue
         if known is not None:
             raise ValueError(f"two different agents are named {agent.name!r}")
+        agent.all_tools()  # tool names unique, handoffs added after construction included
         agents[agent.name] = agent
         pending.extend(agent.handoffs)
     return agents

@@ -320,3 +320,10 @@ def test_an_unknown_default_model_is_a_settings_error(monkeypatch: pytest.Monkey
     runner = Runner(Agent("Plain", "p"))
     with pytest.raises(SettingsError, match="GATEWAY_MODEL"):
         runner.run("s", "hello")
+
+
+def test_tool_name_clashes_from_handoffs_added_later_are_caught_by_the_runner() -> None:
+    support = Agent("Support", "s")
+    support.handoffs += [Agent("Billing Agent", "b"), Agent("billing-agent", "b2")]
+    with pytest.raises(ValueError, match="transfer_to_billing_agent"):
+        Runner(support)

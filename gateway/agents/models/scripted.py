@@ -83,7 +83,7 @@ class ScriptedModel:
         handed_off = any(
             m.role is Role.TOOL and (m.name or "").startswith(HANDOFF_PREFIX) for m in since_user
         )
-        calls_so_far = sum(len(m.tool_calls) for m in history)
+        call_id = _call_id_maker(history)
         for rule in self.rules:
             match = rule.regex.search(user_text)
             if match is None:
@@ -92,11 +92,11 @@ class ScriptedModel:
                 tool_name = handoff_tool_name(rule.handoff)
                 if handed_off or tool_name not in available:
                     continue  # never hand back and forth within one turn
-                return _call(agent, ToolCall(f"call_{calls_so_far + 1}", tool_name, {}))
+                return _call(agent, ToolCall(call_id, tool_name, {}))
             if rule.tool is not None:
                 if rule.tool not in available:
                     continue
-                call = ToolCall(f"call_{calls_so_far + 1}", rule.tool, rule.tool_arguments(match))
+                call = ToolCall(call_id, rule.tool, rule.tool_arguments(match))
                 return _call(agent, call)
             assert rule.reply is not None
             return _say(agent, _fill(rule.reply, match))
@@ -126,6 +126,18 @@ class ScriptedModel:
                 assert rule.reply is not None
                 replies.append(_fill(rule.reply, match, result=parsed))
         return "\n".join(replies)
+
+
+def _call_id_maker(history: Sequence[Message]) -> str:
+    """call_<n>, one past the highest number in the history: the same for the same history, and
+    never one that a kept message already uses (counting calls would repeat ids after pruning)."""
+    numbers = [
+        int(match.group(1))
+        for message in history
+        for call in message.tool_calls
+        if (match := re.fullmatch(r"call_(\d+)", call.id))
+    ]
+    return f"call_{max(numbers, default=0) + 1}"
 
 
 def _last_user_turn(history: Sequence[Message]) -> tuple[str, list[Message]]:
