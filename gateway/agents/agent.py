@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
 from collections.abc import Callable, Iterable
@@ -17,9 +18,13 @@ _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fa
 
 
 def snake_case(name: str) -> str:
-    """'Billing Agent', 'BillingAgent' and 'billing-agent' all become 'billing_agent'."""
+    """'Billing Agent', 'BillingAgent' and 'billing-agent' all become 'billing_agent'.
+
+    A name with no ASCII letters or digits (tool names must be ASCII) gets a stable hex stand-in.
+    """
     spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name.strip())
-    return re.sub(r"[^0-9a-zA-Z]+", "_", spaced).strip("_").lower()
+    snake = re.sub(r"[^0-9a-zA-Z]+", "_", spaced).strip("_").lower()
+    return snake or "agent_" + hashlib.sha256(name.encode()).hexdigest()[:8]
 
 
 def handoff_tool_name(agent_name: str) -> str:

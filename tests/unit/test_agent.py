@@ -217,3 +217,12 @@ def test_an_own_tool_may_not_share_a_name_with_a_handoff_tool() -> None:
 def test_two_handoffs_may_not_share_a_tool_name() -> None:
     with pytest.raises(ValueError):  # noqa: PT011 - any wording will do
         Agent("Support", handoffs=[Agent("Billing Agent"), Agent("billing-agent")])
+
+
+def test_a_name_without_ascii_letters_still_gets_a_distinct_handoff_tool() -> None:
+    from gateway.agents.agent import handoff_tool_name
+
+    first, second = handoff_tool_name("客服"), handoff_tool_name("財務")
+    assert first.startswith("transfer_to_agent_")
+    assert first != second
+    assert first == handoff_tool_name("客服")
