@@ -18,8 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Insert, delete, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import delete, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -31,10 +30,12 @@ from gateway.agents.stores.base import (
     SessionDeletedError,
     SessionInfo,
 )
+from gateway.agents.stores.sql_io import EngineIO, MessageFields, SessionFields, SessionIO, SQLiteFileIO
 from gateway.domain.messages import Message, utcnow
 from gateway.store import migrations
 from gateway.store.engine import SQLITE_IMMEDIATE, create_engine, is_memory_sqlite
-from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
+from gateway.store.sqlite_thread import SQLiteThread
+from gateway.store.tables import ProcessedMessageRow, SessionRow
 
 PURGE_BATCH_SIZE = 1000
 SQLITE_LOCK_BUCKETS = 1024
@@ -68,6 +69,10 @@ class SQLSessionStore(BaseSessionStore):
         self._dialect = self.engine.dialect.name
         self._schema_ready = False
         self._lock_dir = _sqlite_lock_dir(self.engine)
+        sqlite_file = _sqlite_file(self.engine)
+        self._io: SessionIO = (
+            SQLiteFileIO(SQLiteThread(sqlite_file)) if sqlite_file else EngineIO(self.engine)
+        )
         # Each PostgreSQL session lock holds a pooled connection for the whole turn; leave the other
         # half of the pool for the turns' own reads and writes, so lock holders cannot starve them.
         self._pg_lock_slots = asyncio.Semaphore(max(1, _pool_capacity(self.engine) // 2))
@@ -76,6 +81,7 @@ class SQLSessionStore(BaseSessionStore):
         return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r})"
 
     async def aclose(self) -> None:
+        await self._io.aclose()
         if self._owns_engine:
             await self.engine.dispose()
 
@@ -109,37 +115,19 @@ class SQLSessionStore(BaseSessionStore):
         return await self._load(session_id, None)
 
     async def _load(self, session_id: str, max_turns: int | None) -> SessionContext | None:
-        engine = await self._ready()
-        async with engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(
-                        SessionRow.active_agent_name,
-                        SessionRow.title,
-                        SessionRow.metadata_json,
-                        SessionRow.created_at,
-                        SessionRow.updated_at,
-                    ).where(SessionRow.session_id == session_id)
-                )
-            ).one_or_none()
-            if row is None:
-                return None
-            messages = (
-                await conn.execute(
-                    select(MessageRow.position, MessageRow.message_json)
-                    .where(MessageRow.session_id == session_id)
-                    .order_by(MessageRow.position)
-                )
-            ).all()
+        await self._ready()
+        loaded = await self._io.load(session_id)
+        if loaded is None:
+            return None
         session = SessionContext(
             session_id,
-            self._resolve_agent(row.active_agent_name or ""),
+            self._resolve_agent(loaded.agent_name or ""),
             max_turns or self.default_max_turns,
-            row.metadata_json,
+            loaded.metadata,
         )
-        session.title = row.title
-        session.created_at, session.updated_at = row.created_at, row.updated_at
-        for position, data in messages:
+        session.title = loaded.title
+        session.created_at, session.updated_at = loaded.created_at, loaded.updated_at
+        for position, data in loaded.messages:
             message = Message.from_dict(data)
             message.position = position
             session.history.append(message)
@@ -150,51 +138,30 @@ class SQLSessionStore(BaseSessionStore):
         await self._ready()
         now = utcnow()
         title = self._title_for(session)
-        values = {
-            "active_agent_name": session.active_agent.name,
-            "title": title,
-            "metadata_json": session.metadata,
-            "updated_at": now,
-            "message_count": len(session.history),
-        }
-        new_messages = session._unsaved_messages()
+        fields = SessionFields(
+            active_agent_name=session.active_agent.name,
+            title=title,
+            metadata=session.metadata,
+            updated_at=now,
+            message_count=len(session.history),
+        )
         next_position = session._next_position()
         rows = []
-        for message in new_messages:
+        for message in session._unsaved_messages():
             message.position = next_position
             next_position += 1
             rows.append(
-                {
-                    "session_id": session.session_id,
-                    "position": message.position,
-                    "role": message.role.value,
-                    "message_json": message.to_dict(),
-                    "created_at": message.created_at,
-                }
+                MessageFields(message.position, message.role.value, message.to_dict(), message.created_at)
             )
-        async with self._write() as conn:
-            if session._is_new:
-                await conn.execute(
-                    insert(SessionRow).values(
-                        session_id=session.session_id, created_at=session.created_at, **values
-                    )
-                )
-            else:
-                # Also takes the row lock, so a concurrent delete waits for this commit or wins before it.
-                result = await conn.execute(
-                    update(SessionRow).where(SessionRow.session_id == session.session_id).values(**values)
-                )
-                if result.rowcount == 0:
-                    raise SessionDeletedError(session.session_id)
-            pruned = session._pruned_positions()
-            if pruned:
-                await conn.execute(
-                    delete(MessageRow).where(
-                        MessageRow.session_id == session.session_id, MessageRow.position.in_(pruned)
-                    )
-                )
-            if rows:
-                await conn.execute(insert(MessageRow), rows)
+        saved = await self._io.save(
+            session.session_id,
+            session.created_at if session._is_new else None,
+            fields,
+            sorted(session._pruned_positions()),
+            rows,
+        )
+        if not saved:
+            raise SessionDeletedError(session.session_id)
         session.title = title
         session.updated_at = now
         session._mark_saved()
@@ -263,44 +230,13 @@ class SQLSessionStore(BaseSessionStore):
 
     # --- dedup --------------------------------------------------------------------------------
     async def is_message_processed(self, key: str) -> bool:
-        engine = await self._ready()
-        async with engine.connect() as conn:
-            found = await conn.scalar(
-                select(ProcessedMessageRow.message_key).where(
-                    ProcessedMessageRow.message_key == key, ProcessedMessageRow.expires_at > utcnow()
-                )
-            )
-        return found is not None
+        await self._ready()
+        return await self._io.is_processed(key, utcnow())
 
     async def mark_message_processed(self, key: str, platform: str = "") -> bool:
         await self._ready()
         now = utcnow()
-        statement = self._upsert_expired(
-            {
-                "message_key": key,
-                "platform": platform,
-                "processed_at": now,
-                "expires_at": now + self.dedup_ttl,
-            },
-            now,
-        )
-        async with self._write() as conn:
-            result = await conn.execute(statement)
-        return bool(result.rowcount)
-
-    def _upsert_expired(self, values: dict[str, Any], now: Any) -> Insert:
-        """INSERT the key; on conflict take it over only if the old mark has expired."""
-        dialect_insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
-        statement = dialect_insert(ProcessedMessageRow).values(**values)
-        return statement.on_conflict_do_update(
-            index_elements=[ProcessedMessageRow.message_key],
-            set_={
-                "platform": statement.excluded.platform,
-                "processed_at": statement.excluded.processed_at,
-                "expires_at": statement.excluded.expires_at,
-            },
-            where=ProcessedMessageRow.expires_at <= now,
-        )
+        return await self._io.mark(key, platform, now, now + self.dedup_ttl)
 
     async def purge_expired(self) -> int:
         """Delete expired keys in batches of PURGE_BATCH_SIZE, each its own short transaction."""
@@ -353,12 +289,17 @@ def _pool_capacity(engine: AsyncEngine) -> int:
     return (int(size()) if callable(size) else 5) + max(0, overflow)
 
 
-def _sqlite_lock_dir(engine: AsyncEngine) -> Path | None:
-    """Lock files live next to an SQLite file, shared by every process that opens it."""
+def _sqlite_file(engine: AsyncEngine) -> Path | None:
     url = make_url(engine.url)
     if url.get_backend_name() != "sqlite" or is_memory_sqlite(url) or not url.database:
         return None
-    return Path(url.database).expanduser().resolve().with_suffix(".locks")
+    return Path(url.database).expanduser().resolve()
+
+
+def _sqlite_lock_dir(engine: AsyncEngine) -> Path | None:
+    """Lock files live next to an SQLite file, shared by every process that opens it."""
+    path = _sqlite_file(engine)
+    return None if path is None else path.with_suffix(".locks")
 
 
 def _digest(session_id: str) -> bytes:

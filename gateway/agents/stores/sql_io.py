@@ -1,0 +1,285 @@
+"""The hot statements of the SQL session store, in two transports with the same effect.
+
+`EngineIO` runs them through SQLAlchemy's async engine (PostgreSQL, in-memory SQLite).
+`SQLiteFileIO` runs them on an SQLite file through `SQLiteThread`, one thread hop per operation,
+because that is where SQLite's speed is lost (see gateway/store/sqlite_thread.py). Both write the
+same rows in the same formats, so either can read what the other wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from sqlalchemy import Insert, delete, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.store.engine import SQLITE_IMMEDIATE
+from gateway.store.sqlite_thread import SQLiteThread, from_sqlite_datetime, to_sqlite_datetime
+from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
+
+
+@dataclass(frozen=True)
+class LoadedSession:
+    agent_name: str | None
+    title: str | None
+    metadata: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    messages: list[tuple[int, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class SessionFields:
+    """What a save writes to the session row."""
+
+    active_agent_name: str
+    title: str | None
+    metadata: dict[str, Any]
+    updated_at: datetime
+    message_count: int
+
+
+@dataclass(frozen=True)
+class MessageFields:
+    position: int
+    role: str
+    message: dict[str, Any]
+    created_at: datetime
+
+
+class SessionIO(Protocol):
+    async def load(self, session_id: str) -> LoadedSession | None: ...
+
+    async def save(
+        self,
+        session_id: str,
+        created_at: datetime | None,
+        fields: SessionFields,
+        pruned: list[int],
+        rows: list[MessageFields],
+    ) -> bool:
+        """One transaction: the session row (inserted when `created_at` is given, else updated),
+        pruned positions deleted, new messages inserted. False when the row to update is gone."""
+        ...
+
+    async def is_processed(self, key: str, now: datetime) -> bool: ...
+
+    async def mark(self, key: str, platform: str, now: datetime, expires_at: datetime) -> bool:
+        """Insert the key, or take over an expired one; True when this call did either."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineIO:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._postgres = engine.dialect.name == "postgresql"
+
+    async def load(self, session_id: str) -> LoadedSession | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(
+                        SessionRow.active_agent_name,
+                        SessionRow.title,
+                        SessionRow.metadata_json,
+                        SessionRow.created_at,
+                        SessionRow.updated_at,
+                    ).where(SessionRow.session_id == session_id)
+                )
+            ).one_or_none()
+            if row is None:
+                return None
+            messages = await conn.execute(
+                select(MessageRow.position, MessageRow.message_json)
+                .where(MessageRow.session_id == session_id)
+                .order_by(MessageRow.position)
+            )
+            agent, title, metadata, created, updated = row
+            return LoadedSession(agent, title, metadata, created, updated, [(p, m) for p, m in messages])
+
+    async def save(
+        self,
+        session_id: str,
+        created_at: datetime | None,
+        fields: SessionFields,
+        pruned: list[int],
+        rows: list[MessageFields],
+    ) -> bool:
+        values = {
+            "active_agent_name": fields.active_agent_name,
+            "title": fields.title,
+            "metadata_json": fields.metadata,
+            "updated_at": fields.updated_at,
+            "message_count": fields.message_count,
+        }
+        async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+            if created_at is not None:
+                await conn.execute(
+                    insert(SessionRow).values(session_id=session_id, created_at=created_at, **values)
+                )
+            else:
+                # Also takes the row lock, so a concurrent delete waits for this commit or wins before it.
+                result = await conn.execute(
+                    update(SessionRow).where(SessionRow.session_id == session_id).values(**values)
+                )
+                if result.rowcount == 0:
+                    await conn.rollback()
+                    return False
+            if pruned:
+                await conn.execute(
+                    delete(MessageRow).where(
+                        MessageRow.session_id == session_id, MessageRow.position.in_(pruned)
+                    )
+                )
+            if rows:
+                await conn.execute(
+                    insert(MessageRow),
+                    [
+                        {
+                            "session_id": session_id,
+                            "position": r.position,
+                            "role": r.role,
+                            "message_json": r.message,
+                            "created_at": r.created_at,
+                        }
+                        for r in rows
+                    ],
+                )
+        return True
+
+    async def is_processed(self, key: str, now: datetime) -> bool:
+        async with self.engine.connect() as conn:
+            found = await conn.scalar(
+                select(ProcessedMessageRow.message_key).where(
+                    ProcessedMessageRow.message_key == key, ProcessedMessageRow.expires_at > now
+                )
+            )
+        return found is not None
+
+    async def mark(self, key: str, platform: str, now: datetime, expires_at: datetime) -> bool:
+        values = {"message_key": key, "platform": platform, "processed_at": now, "expires_at": expires_at}
+        async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+            result = await conn.execute(self._upsert_expired(values, now))
+        return bool(result.rowcount)
+
+    def _upsert_expired(self, values: dict[str, Any], now: datetime) -> Insert:
+        dialect_insert = postgresql.insert if self._postgres else sqlite.insert
+        statement = dialect_insert(ProcessedMessageRow).values(**values)
+        return statement.on_conflict_do_update(
+            index_elements=[ProcessedMessageRow.message_key],
+            set_={
+                "platform": statement.excluded.platform,
+                "processed_at": statement.excluded.processed_at,
+                "expires_at": statement.excluded.expires_at,
+            },
+            where=ProcessedMessageRow.expires_at <= now,
+        )
+
+    async def aclose(self) -> None:
+        """The engine belongs to the store."""
+
+
+_LOAD_SESSION = (
+    "SELECT active_agent_name, title, metadata_json, created_at, updated_at "
+    "FROM chatflow_sessions WHERE session_id = ?"
+)
+_LOAD_MESSAGES = "SELECT position, message_json FROM chatflow_messages WHERE session_id = ? ORDER BY position"
+_INSERT_SESSION = (
+    "INSERT INTO chatflow_sessions (active_agent_name, title, metadata_json, updated_at, message_count, "
+    "session_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_SESSION = (
+    "UPDATE chatflow_sessions SET active_agent_name = ?, title = ?, metadata_json = ?, updated_at = ?, "
+    "message_count = ? WHERE session_id = ?"
+)
+_DELETE_MESSAGE = "DELETE FROM chatflow_messages WHERE session_id = ? AND position = ?"
+_INSERT_MESSAGE = (
+    "INSERT INTO chatflow_messages (session_id, position, role, message_json, created_at) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
+_IS_PROCESSED = "SELECT 1 FROM chatflow_processed_messages WHERE message_key = ? AND expires_at > ?"
+_MARK = (
+    "INSERT INTO chatflow_processed_messages (message_key, platform, processed_at, expires_at) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (message_key) DO UPDATE SET platform = excluded.platform, "
+    "processed_at = excluded.processed_at, expires_at = excluded.expires_at "
+    "WHERE chatflow_processed_messages.expires_at <= ?"
+)
+
+
+class SQLiteFileIO:
+    """The same statements as EngineIO, as plain SQL on the store's own sqlite3 connection."""
+
+    def __init__(self, thread: SQLiteThread) -> None:
+        self.thread = thread
+
+    async def load(self, session_id: str) -> LoadedSession | None:
+        def read(conn: sqlite3.Connection) -> LoadedSession | None:
+            row = conn.execute(_LOAD_SESSION, (session_id,)).fetchone()
+            if row is None:
+                return None
+            messages = conn.execute(_LOAD_MESSAGES, (session_id,)).fetchall()
+            agent, title, metadata, created, updated = row
+            return LoadedSession(
+                agent,
+                title,
+                json.loads(metadata),
+                from_sqlite_datetime(created),
+                from_sqlite_datetime(updated),
+                [(position, json.loads(data)) for position, data in messages],
+            )
+
+        return await self.thread.run(read)
+
+    async def save(
+        self,
+        session_id: str,
+        created_at: datetime | None,
+        fields: SessionFields,
+        pruned: list[int],
+        rows: list[MessageFields],
+    ) -> bool:
+        session_values = (
+            fields.active_agent_name,
+            fields.title,
+            json.dumps(fields.metadata),
+            to_sqlite_datetime(fields.updated_at),
+            fields.message_count,
+            session_id,
+        )
+        message_values = [
+            (session_id, r.position, r.role, json.dumps(r.message), to_sqlite_datetime(r.created_at))
+            for r in rows
+        ]
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if created_at is not None:
+                conn.execute(_INSERT_SESSION, (*session_values, to_sqlite_datetime(created_at)))
+            elif conn.execute(_UPDATE_SESSION, session_values).rowcount == 0:
+                return False  # deleted meanwhile; nothing else was written
+            conn.executemany(_DELETE_MESSAGE, [(session_id, position) for position in pruned])
+            conn.executemany(_INSERT_MESSAGE, message_values)
+            return True
+
+        return await self.thread.write(write)
+
+    async def is_processed(self, key: str, now: datetime) -> bool:
+        stamp = to_sqlite_datetime(now)
+        return await self.thread.run(
+            lambda conn: conn.execute(_IS_PROCESSED, (key, stamp)).fetchone() is not None
+        )
+
+    async def mark(self, key: str, platform: str, now: datetime, expires_at: datetime) -> bool:
+        stamp = to_sqlite_datetime(now)
+        values = (key, platform, stamp, to_sqlite_datetime(expires_at), stamp)
+        # One statement commits on its own (autocommit), no BEGIN/COMMIT round needed.
+        return await self.thread.run(lambda conn: conn.execute(_MARK, values).rowcount == 1)
+
+    async def aclose(self) -> None:
+        await self.thread.aclose()
