@@ -56,6 +56,7 @@ class Agent:
         self.model = model
         self.tools: list[Tool] = list(tools)
         self.handoffs: list[Agent] = list(handoffs)
+        self._tools_cache: tuple[object, list[Tool]] | None = None
         self.all_tools()  # names must be unique now; the runner checks again for handoffs added later
 
     def __repr__(self) -> str:
@@ -82,6 +83,9 @@ class Agent:
 
         ValueError when two of them share a name: the model could not tell them apart.
         """
+        key = (tuple(map(id, self.tools)), tuple((id(a), a.name) for a in self.handoffs))
+        if self._tools_cache is not None and self._tools_cache[0] == key:
+            return list(self._tools_cache[1])
         names = [t.name for t in self.tools] + [handoff_tool_name(a.name) for a in self.handoffs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -97,7 +101,9 @@ class Agent:
             )
             for tool_name, target in self.handoff_targets().items()
         ]
-        return [*self.tools, *handoffs]
+        tools = [*self.tools, *handoffs]
+        self._tools_cache = (key, tools)  # tools and handoffs rarely change; rebuilt when they do
+        return list(tools)
 
 
 def _first_line(agent: Agent) -> str:

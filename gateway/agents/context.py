@@ -90,11 +90,22 @@ class SessionContext:
         first kept USER message goes, so the kept history never opens with a MODEL or TOOL message
         and a tool result never outlives the call that asked for it.
         """
-        system = [m for m in self.history if m.role is Role.SYSTEM]
-        dialogue = [m for m in self.history if m.role is not Role.SYSTEM]
-        starts = [i for i, m in enumerate(dialogue) if m.role is Role.USER]
-        kept = dialogue[starts[max(0, len(starts) - self.max_turns)] :] if starts else []
-        self.history = system + kept
+        history = self.history
+        user, system_role = Role.USER, Role.SYSTEM  # locals: enum attribute lookups are slow in loops
+        system = [m for m in history if m.role is system_role]
+        start = None  # index of the oldest USER message to keep
+        users = 0
+        for index in range(len(history) - 1, -1, -1):
+            if history[index].role is user:
+                start, users = index, users + 1
+                if users == self.max_turns:
+                    break
+        if start is None:
+            self.history = system
+        elif system:
+            self.history = system + [m for m in history[start:] if m.role is not system_role]
+        elif start:
+            self.history = history[start:]
 
     def _unsaved_messages(self) -> list[Message]:
         return [m for m in self.history if m.position is None or m.position not in self._stored_positions]

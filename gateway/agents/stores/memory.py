@@ -55,15 +55,13 @@ class SessionStore(BaseSessionStore):
         stored = self._sessions.get(session.session_id)
         if session._is_new and stored is None:
             self._sessions[session.session_id] = session
+            session._is_new = False
         elif stored is not session:
             raise SessionDeletedError(session.session_id)
-        next_position = session._next_position()
-        for message in session._unsaved_messages():
-            message.position = next_position
-            next_position += 1
-        session.title = self._title_for(session)
+        # The session object itself is what is stored: no positions to track, nothing to copy.
+        if session.title is None:
+            session.title = self._title_for(session)
         session.updated_at = utcnow()
-        session._mark_saved()
 
     async def delete(self, session_id: str) -> bool:
         return self._sessions.pop(session_id, None) is not None
