@@ -83,14 +83,26 @@ class Runner:
         async with store.session_lock(session_id):
             session = await store.get_or_create(session_id, self.starting_agent)
             checkpoint = session.checkpoint()
+            saved = False
             try:
                 if metadata:
                     session.metadata.update(metadata)  # after the checkpoint: a failed turn undoes it
                 new_messages = await self._turn(session, user_message)
                 session._prune_history()
-                await store.save(session)
+                saving = asyncio.ensure_future(store.save(session))
+                try:
+                    await asyncio.shield(saving)
+                except asyncio.CancelledError:
+                    # Let the short save finish, so memory and storage agree on whether the turn
+                    # happened; then pass the cancellation on.
+                    if not saving.done():
+                        await asyncio.wait([saving])
+                    saved = not saving.cancelled() and saving.exception() is None
+                    raise
+                saved = True
             except BaseException:
-                session.rollback_to(checkpoint)
+                if not saved:
+                    session.rollback_to(checkpoint)
                 raise
         reply = new_messages[-1]
         return RunResult(

@@ -327,3 +327,30 @@ def test_tool_name_clashes_from_handoffs_added_later_are_caught_by_the_runner() 
     support.handoffs += [Agent("Billing Agent", "b"), Agent("billing-agent", "b2")]
     with pytest.raises(ValueError, match="transfer_to_billing_agent"):
         Runner(support)
+
+
+@pytest.mark.parametrize("base", [SessionStore, SQLiteSessionStore])
+async def test_a_cancellation_during_the_save_leaves_memory_and_storage_agreeing(
+    base: type[BaseSessionStore], tmp_path: Path
+) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    class SlowSaving(base):  # type: ignore[valid-type,misc]
+        async def save(self, session: SessionContext) -> None:
+            entered.set()
+            await release.wait()
+            await super().save(session)
+
+    store = SlowSaving(tmp_path / "slow.db") if base is SQLiteSessionStore else SlowSaving()
+    runner = Runner(Agent("A", "a", model=ScriptModel([say("stored anyway")])), store)
+    turn = asyncio.create_task(runner.run_async("s", "hello"))
+    await entered.wait()
+    turn.cancel()
+    await asyncio.sleep(0)  # the cancellation is delivered while the save waits
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await turn
+    stored = await store.get("s")
+    await store.aclose()
+    assert stored is not None, "the save went through, so the turn must be in storage"
+    assert [m.content for m in stored.history] == ["hello", "stored anyway"]

@@ -327,12 +327,15 @@ async def _file_lock(path: Path) -> AsyncIterator[None]:
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    acquiring = asyncio.ensure_future(asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX))
     try:
-        await asyncio.shield(acquiring)
-    except BaseException:
-        acquiring.add_done_callback(lambda _: os.close(fd))  # closing the file releases the lock
-        raise
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # uncontended: no thread hop at all
+    except BlockingIOError:
+        acquiring = asyncio.ensure_future(asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX))
+        try:
+            await asyncio.shield(acquiring)
+        except BaseException:
+            acquiring.add_done_callback(lambda _: os.close(fd))  # closing the file releases the lock
+            raise
     try:
         yield
     finally:
