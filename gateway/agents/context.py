@@ -92,17 +92,16 @@ class SessionContext:
         """
         history = self.history
         user, system_role = Role.USER, Role.SYSTEM  # locals: enum attribute lookups are slow in loops
-        system = [m for m in history if m.role is system_role]
-        start = None  # index of the oldest USER message to keep
-        users = 0
-        for index in range(len(history) - 1, -1, -1):
-            if history[index].role is user:
-                start, users = index, users + 1
-                if users == self.max_turns:
-                    break
-        if start is None:
-            self.history = system
-        elif system:
+        roles = [m.role for m in history]  # then list.count/index do the scanning at C speed
+        users = roles.count(user)
+        if not users:
+            self.history = [m for m in history if m.role is system_role]
+            return
+        start = -1  # index of the oldest USER message to keep: skip all but the newest max_turns
+        for _ in range(max(0, users - self.max_turns) + 1):
+            start = roles.index(user, start + 1)
+        if system_role in roles:
+            system = [m for m in history if m.role is system_role]
             self.history = system + [m for m in history[start:] if m.role is not system_role]
         elif start:
             self.history = history[start:]

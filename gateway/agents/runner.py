@@ -89,16 +89,19 @@ class Runner:
                     session.metadata.update(metadata)  # after the checkpoint: a failed turn undoes it
                 new_messages = await self._turn(session, user_message)
                 session._prune_history()
-                saving = asyncio.ensure_future(store.save(session))
-                try:
-                    await asyncio.shield(saving)
-                except asyncio.CancelledError:
-                    # Let the short save finish, so memory and storage agree on whether the turn
-                    # happened; then pass the cancellation on.
-                    if not saving.done():
-                        await asyncio.wait([saving])
-                    saved = not saving.cancelled() and saving.exception() is None
-                    raise
+                if store.save_may_suspend:
+                    saving = asyncio.ensure_future(store.save(session))
+                    try:
+                        await asyncio.shield(saving)
+                    except asyncio.CancelledError:
+                        # Let the short save finish, so memory and storage agree on whether the
+                        # turn happened; then pass the cancellation on.
+                        if not saving.done():
+                            await asyncio.wait([saving])
+                        saved = not saving.cancelled() and saving.exception() is None
+                        raise
+                else:
+                    await store.save(session)  # never suspends, so it cannot be cut in half
                 saved = True
             except BaseException:
                 if not saved:

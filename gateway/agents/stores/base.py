@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import structlog
 
@@ -46,6 +46,10 @@ class SessionInfo:
 
 class BaseSessionStore(ABC):
     """One async protocol for every backend; the runner and the gateway only talk to this."""
+
+    # False when save() never awaits anything real, so a cancellation cannot land inside it and the
+    # runner may skip the task it otherwise wraps a save in.
+    save_may_suspend: ClassVar[bool] = True
 
     def __init__(
         self, default_max_turns: int = DEFAULT_MAX_TURNS, *, default_title: str = DEFAULT_TITLE

@@ -19,6 +19,8 @@ from gateway.domain.messages import utcnow
 class SessionStore(BaseSessionStore):
     """Sessions and dedup keys in dicts. Safe under concurrent tasks: no await splits an update."""
 
+    save_may_suspend = False
+
     def __init__(
         self,
         default_max_turns: int = DEFAULT_MAX_TURNS,
