@@ -285,3 +285,24 @@ async def bulk_expired(store: BaseSessionStore, count: int) -> None:
                 for i in range(5, count)
             ],
         )
+
+
+async def test_a_second_store_on_the_same_database_sees_every_change(store: BaseSessionStore) -> None:
+    if not isinstance(store, SQLSessionStore) or store.engine.url.database in (None, "", ":memory:"):
+        pytest.skip("only a database that two stores can open is shared")
+    other = SQLSessionStore(store.engine.url.render_as_string(hide_password=False))
+    try:
+        first = await store.get_or_create("s1", SUPPORT)
+        exchange(first.history, "one")
+        await store.save(first)
+        seen = await other.get("s1")  # the other store now holds these messages decoded
+        assert seen is not None
+        assert len(seen.history) == 4
+        again = await store.get_or_create("s1", SUPPORT)
+        exchange(again.history, "two")
+        await store.save(again)
+        fresh = await other.get("s1")
+        assert fresh is not None
+        assert [m.content for m in fresh.history if m.role is Role.USER] == ["one", "two"]
+    finally:
+        await other.aclose()

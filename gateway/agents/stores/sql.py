@@ -12,9 +12,10 @@ import asyncio
 import fcntl
 import hashlib
 import os
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from gateway.store.tables import ProcessedMessageRow, SessionRow
 
 PURGE_BATCH_SIZE = 1000
 SQLITE_LOCK_BUCKETS = 1024
+RECENT_SESSIONS = 1000  # decoded sessions kept per store, so a turn need not re-read its history
 PG_SESSION_LOCKS = 20  # sessions one store runs turns on at once, on an engine it creates
 
 
@@ -68,6 +70,7 @@ class SQLSessionStore(BaseSessionStore):
             raise TypeError("url_or_engine must be a database URL or an AsyncEngine")
         self._dialect = self.engine.dialect.name
         self._schema_ready = False
+        self._recent: OrderedDict[str, tuple[datetime, tuple[Message, ...]]] = OrderedDict()
         self._lock_dir = _sqlite_lock_dir(self.engine)
         sqlite_file = _sqlite_file(self.engine)
         self._io: SessionIO = (
@@ -116,8 +119,10 @@ class SQLSessionStore(BaseSessionStore):
 
     async def _load(self, session_id: str, max_turns: int | None) -> SessionContext | None:
         await self._ready()
-        loaded = await self._io.load(session_id)
+        cached = self._recent.get(session_id)
+        loaded = await self._io.load(session_id, cached[0] if cached else None)
         if loaded is None:
+            self._recent.pop(session_id, None)
             return None
         session = SessionContext(
             session_id,
@@ -127,12 +132,26 @@ class SQLSessionStore(BaseSessionStore):
         )
         session.title = loaded.title
         session.created_at, session.updated_at = loaded.created_at, loaded.updated_at
-        for position, data in loaded.messages:
-            message = Message.from_dict(data)
-            message.position = position
-            session.history.append(message)
+        if loaded.messages is None and cached is not None:
+            session.history = list(cached[1])  # unchanged since this store last saw it: no decoding
+        else:
+            for position, data in loaded.messages or ():
+                message = Message.from_dict(data)
+                message.position = position
+                session.history.append(message)
+            self._remember(session)
         session._mark_saved()
         return session
+
+    def _remember(self, session: SessionContext) -> None:
+        """Keep the decoded messages of recently used sessions, checked by updated_at on every load.
+
+        Stored messages are never changed in place, so sharing the objects between turns is safe.
+        """
+        self._recent.pop(session.session_id, None)
+        self._recent[session.session_id] = (session.updated_at, tuple(session.history))
+        while len(self._recent) > RECENT_SESSIONS:
+            self._recent.popitem(last=False)
 
     async def save(self, session: SessionContext) -> None:
         await self._ready()
@@ -165,9 +184,11 @@ class SQLSessionStore(BaseSessionStore):
         session.title = title
         session.updated_at = now
         session._mark_saved()
+        self._remember(session)
 
     async def delete(self, session_id: str) -> bool:
         await self._ready()
+        self._recent.pop(session_id, None)
         async with self._write() as conn:
             result = await conn.execute(delete(SessionRow).where(SessionRow.session_id == session_id))
         return bool(result.rowcount)

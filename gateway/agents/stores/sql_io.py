@@ -30,7 +30,7 @@ class LoadedSession:
     metadata: dict[str, Any]
     created_at: datetime
     updated_at: datetime
-    messages: list[tuple[int, dict[str, Any]]]
+    messages: list[tuple[int, dict[str, Any]]] | None  # None: unchanged since `known_version`
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ class MessageFields:
 
 
 class SessionIO(Protocol):
-    async def load(self, session_id: str) -> LoadedSession | None: ...
+    async def load(self, session_id: str, known_version: datetime | None = None) -> LoadedSession | None:
+        """The session row, and its messages unless the row's updated_at equals `known_version`."""
+        ...
 
     async def save(
         self,
@@ -81,7 +83,7 @@ class EngineIO:
         self.engine = engine
         self._postgres = engine.dialect.name == "postgresql"
 
-    async def load(self, session_id: str) -> LoadedSession | None:
+    async def load(self, session_id: str, known_version: datetime | None = None) -> LoadedSession | None:
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(
@@ -96,12 +98,14 @@ class EngineIO:
             ).one_or_none()
             if row is None:
                 return None
+            agent, title, metadata, created, updated = row
+            if updated == known_version:
+                return LoadedSession(agent, title, metadata, created, updated, None)
             messages = await conn.execute(
                 select(MessageRow.position, MessageRow.message_json)
                 .where(MessageRow.session_id == session_id)
                 .order_by(MessageRow.position)
             )
-            agent, title, metadata, created, updated = row
             return LoadedSession(agent, title, metadata, created, updated, [(p, m) for p, m in messages])
 
     async def save(
@@ -219,20 +223,25 @@ class SQLiteFileIO:
     def __init__(self, thread: SQLiteThread) -> None:
         self.thread = thread
 
-    async def load(self, session_id: str) -> LoadedSession | None:
+    async def load(self, session_id: str, known_version: datetime | None = None) -> LoadedSession | None:
+        known = None if known_version is None else to_sqlite_datetime(known_version)
+
         def read(conn: sqlite3.Connection) -> LoadedSession | None:
             row = conn.execute(_LOAD_SESSION, (session_id,)).fetchone()
             if row is None:
                 return None
-            messages = conn.execute(_LOAD_MESSAGES, (session_id,)).fetchall()
             agent, title, metadata, created, updated = row
+            messages = None
+            if updated != known:
+                rows = conn.execute(_LOAD_MESSAGES, (session_id,)).fetchall()
+                messages = [(position, json.loads(data)) for position, data in rows]
             return LoadedSession(
                 agent,
                 title,
                 json.loads(metadata),
                 from_sqlite_datetime(created),
                 from_sqlite_datetime(updated),
-                [(position, json.loads(data)) for position, data in messages],
+                messages,
             )
 
         return await self.thread.run(read)
