@@ -412,3 +412,17 @@ async def test_call_ids_stay_unique_after_pruning() -> None:
     ids = [c.id for m in session.history for c in m.tool_calls]
     assert len(ids) == 2
     assert len(set(ids)) == len(ids)
+
+
+async def test_rules_may_be_given_as_dicts_pairs_or_a_mapping() -> None:
+    from gateway.agents import Agent, Runner
+
+    for rules in (
+        [{"pattern": r"\bhi\b", "reply": "Hello there"}],
+        [(r"\bhi\b", "Hello there")],
+        {r"\bhi\b": "Hello there"},
+    ):
+        runner = Runner(Agent("A", "a", model=ScriptedModel(rules)))
+        assert (await runner.run_async("s", "hi!")).content == "Hello there"
+    with pytest.raises(TypeError, match="not a rule"):
+        ScriptedModel([42])  # type: ignore[list-item]

@@ -48,6 +48,19 @@ class Rule:
         return {k: _fill(v, match) if isinstance(v, str) else v for k, v in self.arguments.items()}
 
 
+RuleLike = Rule | Mapping[str, Any] | tuple[str, str]
+
+
+def _as_rule(rule: RuleLike) -> Rule:
+    if isinstance(rule, Rule):
+        return rule
+    if isinstance(rule, Mapping):
+        return Rule(**rule)
+    if isinstance(rule, tuple) and len(rule) == 2:
+        return Rule(rule[0], reply=rule[1])
+    raise TypeError(f"not a rule: {rule!r} (use Rule(...), a dict of its fields, or (pattern, reply))")
+
+
 def _fill(template: str, match: re.Match[str], **extra: Any) -> str:
     groups = {k: v or "" for k, v in match.groupdict().items()}
     try:
@@ -67,8 +80,17 @@ GENERIC_RULES = (
 class ScriptedModel:
     """Deterministic rules in order; the first that fits the last user message answers."""
 
-    def __init__(self, rules: Iterable[Rule] | None = None, fallback: str = DEFAULT_FALLBACK) -> None:
-        self.rules = list(GENERIC_RULES if rules is None else rules)
+    def __init__(
+        self,
+        rules: Iterable[RuleLike] | Mapping[str, str] | None = None,
+        fallback: str = DEFAULT_FALLBACK,
+    ) -> None:
+        """`rules`: Rule objects, dicts of Rule fields, (pattern, reply) pairs, or a {pattern: reply} dict."""
+        if rules is None:
+            rules = GENERIC_RULES
+        elif isinstance(rules, Mapping):
+            rules = list(rules.items())
+        self.rules = [_as_rule(rule) for rule in rules]
         self.fallback = fallback
 
     def __repr__(self) -> str:
