@@ -415,8 +415,6 @@ async def test_call_ids_stay_unique_after_pruning() -> None:
 
 
 async def test_rules_may_be_given_as_dicts_pairs_or_a_mapping() -> None:
-    from gateway.agents import Agent, Runner
-
     for rules in (
         [{"pattern": r"\bhi\b", "reply": "Hello there"}],
         [(r"\bhi\b", "Hello there")],
