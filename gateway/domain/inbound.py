@@ -1,0 +1,183 @@
+"""What a platform adapter makes of a webhook: messages, delivery statuses and membership changes.
+
+Standard library only. Adapters (gateway/platforms/) build these; the webhook stores them and the
+worker turns messages into agent turns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class MessageKind(StrEnum):
+    TEXT = "text"
+    IMAGE = "image"
+    AUDIO = "audio"
+    VIDEO = "video"
+    DOCUMENT = "document"
+    STICKER = "sticker"
+    LOCATION = "location"
+    CONTACTS = "contacts"
+    INTERACTIVE_REPLY = "interactive_reply"  # button, list or flow reply
+    TEMPLATE_BUTTON = "template_button"
+    ORDER = "order"
+    REACTION = "reaction"
+    CALLBACK_QUERY = "callback_query"
+    EDITED_MESSAGE = "edited_message"
+    CHANNEL_POST = "channel_post"
+    MEMBERSHIP_CHANGE = "membership_change"
+    SYSTEM = "system"
+    UNSUPPORTED = "unsupported"
+
+
+# The documented default: these kinds start an agent turn; every other kind is recorded only.
+DEFAULT_TURN_KINDS = frozenset(
+    {
+        MessageKind.TEXT,
+        MessageKind.IMAGE,
+        MessageKind.AUDIO,
+        MessageKind.VIDEO,
+        MessageKind.DOCUMENT,
+        MessageKind.LOCATION,
+        MessageKind.CONTACTS,
+        MessageKind.INTERACTIVE_REPLY,
+        MessageKind.TEMPLATE_BUTTON,
+        MessageKind.ORDER,
+        MessageKind.CALLBACK_QUERY,
+    }
+)
+
+
+@dataclass(frozen=True)
+class ConversationKey:
+    """Which conversation a message belongs to; hashable, and the session id is derived from it.
+
+    WhatsApp: scope = phone_number_id (the business number), chat = the user id.
+    Telegram: scope = None, chat = the chat id, thread = the forum topic id when there is one.
+    """
+
+    platform: str
+    chat_id: str
+    scope: str | None = None
+    thread_id: str | None = None
+
+    @property
+    def session_id(self) -> str:
+        parts = [self.platform, *([self.scope] if self.scope else []), self.chat_id]
+        if self.thread_id:
+            parts.append(self.thread_id)
+        return ":".join(parts)
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    id: str
+    mime_type: str | None = None
+    caption: str | None = None
+    file_name: str | None = None
+
+
+@dataclass(frozen=True)
+class Location:
+    latitude: float
+    longitude: float
+    name: str | None = None
+    address: str | None = None
+
+
+@dataclass(frozen=True)
+class InboundMessage:
+    """One user message of any kind, normalized across platforms."""
+
+    platform: str
+    message_id: str
+    dedup_key: str
+    conversation: ConversationKey
+    kind: MessageKind
+    timestamp: datetime
+    user_id: str | None = None
+    user_name: str | None = None
+    phone: str | None = None
+    text: str | None = None
+    media: MediaRef | None = None
+    location: Location | None = None
+    reply_to_id: str | None = None
+    # False for a group message not meant for the bot (no mention, command or reply to it).
+    addressed_to_bot: bool = True
+    callback_query_id: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def session_id(self) -> str:
+        return self.conversation.session_id
+
+    @property
+    def chat_id(self) -> str:
+        return self.conversation.chat_id
+
+    @property
+    def thread_id(self) -> str | None:
+        return self.conversation.thread_id
+
+
+@dataclass(frozen=True)
+class StatusUpdate:
+    """A platform's word on a message we sent: sent, delivered, read, played or failed."""
+
+    platform: str
+    message_id: str
+    status: str
+    dedup_key: str
+    timestamp: datetime
+    recipient_id: str | None = None
+    error_code: int | None = None
+    error_title: str | None = None
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """The bot's membership of a chat changed; `reachable` is False once it may no longer send there."""
+
+    platform: str
+    chat_id: str
+    status: str
+    reachable: bool
+    dedup_key: str
+    timestamp: datetime
+
+
+@dataclass(frozen=True)
+class ParsedUpdate:
+    """Everything one webhook request carried. Empty means: acknowledge and ignore."""
+
+    messages: list[InboundMessage] = field(default_factory=list)
+    statuses: list[StatusUpdate] = field(default_factory=list)
+    memberships: list[MembershipChange] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.messages or self.statuses or self.memberships)
+
+
+def starts_turn(message: InboundMessage, turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS) -> bool:
+    return message.addressed_to_bot and message.kind in turn_kinds
+
+
+def agent_text(message: InboundMessage) -> str:
+    """What the agent reads for a message: its text, or a short rendering of what it carries."""
+    kind = message.kind
+    if kind is MessageKind.TEXT or kind is MessageKind.CALLBACK_QUERY:
+        return message.text or ""
+    if message.media is not None:
+        caption = message.media.caption or message.text
+        name = f" {message.media.file_name}" if message.media.file_name else ""
+        return f"[{kind.value}{name}] {caption}" if caption else f"[{kind.value}{name}]"
+    if message.location is not None:
+        place = ", ".join(p for p in (message.location.name, message.location.address) if p)
+        where = f"{message.location.latitude}, {message.location.longitude}"
+        return f"[location] {place} ({where})" if place else f"[location] {where}"
+    label = kind.value.replace("_", " ")
+    return f"[{label}] {message.text}" if message.text else f"[{label}]"

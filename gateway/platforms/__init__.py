@@ -1,0 +1,1 @@
+"""Platform adapters: verify, parse and (later) send, one module per platform."""
