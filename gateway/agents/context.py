@@ -75,8 +75,16 @@ class SessionContext:
             stored_positions=frozenset(self._stored_positions),
         )
 
-    def rollback_to(self, checkpoint: Checkpoint) -> None:
-        """Undo everything since `checkpoint` (not the side effects of tools that already ran)."""
+    def rollback_to(self, checkpoint: Checkpoint | int) -> None:
+        """Undo everything since `checkpoint` (not the side effects of tools that already ran).
+
+        An int is a history length, as in chatflow-agent: only the history is cut back to it.
+        """
+        if isinstance(checkpoint, int):
+            if checkpoint < 0:
+                raise ValueError("a checkpoint length cannot be negative")
+            del self.history[checkpoint:]
+            return
         self.history = list(checkpoint.history)
         self.active_agent = checkpoint.active_agent
         self.metadata = dict(checkpoint.metadata)

@@ -36,13 +36,31 @@ def is_memory_sqlite(url: str | URL) -> bool:
     )
 
 
+# Sync drivers' URLs a user may well write, and the async drivers the gateway runs them with.
+_ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+pysqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgresql+psycopg2": "postgresql+asyncpg",
+    "postgresql+psycopg": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+}
+
+
+def async_url(url: str | URL) -> URL:
+    """`sqlite:///x.db` -> `sqlite+aiosqlite:///x.db`, `postgresql://…` -> `postgresql+asyncpg://…`."""
+    parsed = make_url(url)
+    driver = _ASYNC_DRIVERS.get(parsed.drivername)
+    return parsed.set(drivername=driver) if driver else parsed
+
+
 def safe_url(url: str | URL) -> str:
     """The URL with its password hidden, fit for logs and error messages."""
     return make_url(url).render_as_string(hide_password=True)
 
 
 def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
-    parsed = make_url(url)
+    parsed = async_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _create_sqlite_engine(parsed, **kwargs)
     return create_async_engine(

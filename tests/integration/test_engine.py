@@ -131,3 +131,29 @@ async def test_naive_datetimes_are_refused(sqlite_url: str) -> None:
                 )
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("sqlite:///x.db", "sqlite+aiosqlite:///x.db"),
+        ("sqlite+aiosqlite:///x.db", "sqlite+aiosqlite:///x.db"),
+        ("postgresql://u@h/db", "postgresql+asyncpg://u@h/db"),
+        ("postgres://u@h/db", "postgresql+asyncpg://u@h/db"),
+        ("postgresql+psycopg2://u@h/db", "postgresql+asyncpg://u@h/db"),
+    ],
+)
+def test_sync_driver_urls_are_run_with_the_async_driver(given: str, used: str) -> None:
+    from gateway.store.engine import async_url
+
+    assert async_url(given).render_as_string() == used
+
+
+async def test_a_store_accepts_a_plain_sqlite_url(tmp_path: Path) -> None:
+    from gateway.agents import Agent, Runner, ScriptedModel, SQLSessionStore
+
+    store = SQLSessionStore(f"sqlite:///{tmp_path / 'plain.db'}")
+    runner = Runner(Agent("A", "a", model=ScriptedModel()), store)
+    assert (await runner.run_async("s", "hello")).content == "Hello! How can I help you today?"
+    await store.aclose()
+    assert (tmp_path / "plain.db").is_file()

@@ -534,3 +534,14 @@ def test_messages_round_trip_through_json(message: Message) -> None:
     assert back.to_dict() == message.to_dict()
     assert back.created_at.utcoffset() == message.created_at.utcoffset()
     assert all(isinstance(call, ToolCall) for call in back.tool_calls)
+
+
+def test_rollback_to_a_history_length_as_chatflow_agent_does() -> None:
+    session = SessionContext("s", Agent("A", "a"))
+    session.history.append(Message(Role.USER, "one"))
+    length = len(session.history)
+    session.history.append(Message(Role.MODEL, "two"))
+    session.rollback_to(length)
+    assert [m.content for m in session.history] == ["one"]
+    with pytest.raises(ValueError, match="negative"):
+        session.rollback_to(-1)

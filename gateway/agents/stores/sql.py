@@ -34,7 +34,7 @@ from gateway.agents.stores.base import (
 from gateway.agents.stores.sql_io import EngineIO, MessageFields, SessionFields, SessionIO, SQLiteFileIO
 from gateway.domain.messages import Message, utcnow
 from gateway.store import migrations
-from gateway.store.engine import SQLITE_IMMEDIATE, create_engine, is_memory_sqlite
+from gateway.store.engine import SQLITE_IMMEDIATE, async_url, create_engine, is_memory_sqlite
 from gateway.store.sqlite_thread import SQLiteThread
 from gateway.store.tables import ProcessedMessageRow, SessionRow
 
@@ -298,7 +298,7 @@ class SQLiteSessionStore(SQLSessionStore):
 
 def _pool_options(url: str) -> dict[str, int]:
     """PostgreSQL: room for PG_SESSION_LOCKS turns holding a session lock, and as many working connections."""
-    if make_url(url).get_backend_name() != "postgresql":
+    if async_url(url).get_backend_name() != "postgresql":
         return {}
     return {"pool_size": 10, "max_overflow": 2 * PG_SESSION_LOCKS - 10}
 
