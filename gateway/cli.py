@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_runner
+from gateway.bootstrap import build_runner, load_agent
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
 from gateway.settings import Settings, load_settings, unknown_env_settings
@@ -162,6 +162,7 @@ def _db(settings: Settings, args: argparse.Namespace) -> int:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
+    load_agent(settings.agent)  # a bad GATEWAY_AGENT stops start-up now, not at the first message
     if is_memory_sqlite(settings.database_url):
         if args.workers > 1:
             raise CommandFailed("an in-memory SQLite database cannot be shared by several --workers")

@@ -172,3 +172,18 @@ async def wait_for_blocked_query(engine: AsyncEngine) -> None:
                 if (await conn.execute(query)).scalar_one() > 0:
                     return
             await asyncio.sleep(0.05)
+
+
+def test_serve_refuses_a_bad_agent_setting(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [GATEWAY, "serve", "--port", str(free_port())],
+        cwd=tmp_path,
+        env=gateway_env(GATEWAY_AGENT="gateway.demo:nothing_here"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "gateway: invalid setting GATEWAY_AGENT: 'gateway.demo:nothing_here' is nothing, not an Agent"
+    ]
