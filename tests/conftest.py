@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from gateway.agents import BaseSessionStore, SessionStore, SQLiteSessionStore, SQLSessionStore
 from gateway.store.engine import create_engine
 
 POSTGRES_ENV = "GATEWAY_TEST_POSTGRES_URL"
@@ -76,3 +77,21 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_engine(database_url)
     yield engine
     await engine.dispose()
+
+
+@pytest.fixture(
+    params=["memory", "sqlite-file", "sqlite-memory", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseSessionStore]:
+    """Every session store: in memory, SQLite file, SQLite :memory:, PostgreSQL."""
+    made: BaseSessionStore
+    if request.param == "memory":
+        made = SessionStore()
+    elif request.param == "sqlite-file":
+        made = SQLiteSessionStore(tmp_path / "sessions.db")
+    elif request.param == "sqlite-memory":
+        made = SQLiteSessionStore(":memory:")
+    else:
+        made = SQLSessionStore(request.getfixturevalue("postgres_url"))
+    yield made
+    await made.aclose()

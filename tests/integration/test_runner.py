@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +28,10 @@ from gateway.agents.models.base import ToolSpec
 from tests.helpers import REPO_ROOT
 from tests.turn_worker import EchoModel
 
-BACKENDS = ["memory", "sqlite-file", "sqlite-memory", pytest.param("postgres", marks=pytest.mark.postgres)]
 
-
-@pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BaseSessionStore]:
-    made: BaseSessionStore
-    if request.param == "memory":
-        made = SessionStore()
-    elif request.param == "sqlite-file":
-        made = SQLiteSessionStore(tmp_path / "runner.db")
-    elif request.param == "sqlite-memory":
-        made = SQLiteSessionStore(":memory:")
-    else:
-        made = SQLSessionStore(request.getfixturevalue("postgres_url"))
-    yield made
-    await made.aclose()
+@pytest.fixture
+def store(any_store: BaseSessionStore) -> BaseSessionStore:
+    return any_store
 
 
 BLOCK = object()  # a step that never answers

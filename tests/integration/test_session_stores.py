@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -26,25 +25,14 @@ from gateway.agents import (
 from gateway.domain.messages import utcnow
 from gateway.store.tables import MessageRow, ProcessedMessageRow
 
-BACKENDS = ["memory", "sqlite-file", "sqlite-memory", pytest.param("postgres", marks=pytest.mark.postgres)]
 SUPPORT = Agent("Support", "Help.")
 BILLING = Agent("Billing", "Bill.")
 
 
-@pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Any) -> AsyncIterator[BaseSessionStore]:
-    made: BaseSessionStore
-    if request.param == "memory":
-        made = SessionStore()
-    elif request.param == "sqlite-file":
-        made = SQLiteSessionStore(tmp_path / "sessions.db")
-    elif request.param == "sqlite-memory":
-        made = SQLiteSessionStore(":memory:")
-    else:
-        made = SQLSessionStore(request.getfixturevalue("postgres_url"))
-    made.set_agent_resolver({"Support": SUPPORT, "Billing": BILLING}.get)
-    yield made
-    await made.aclose()
+@pytest.fixture
+def store(any_store: BaseSessionStore) -> BaseSessionStore:
+    any_store.set_agent_resolver({"Support": SUPPORT, "Billing": BILLING}.get)
+    return any_store
 
 
 def exchange(session_history: list[Message], text: str) -> None:

@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 import structlog
@@ -52,11 +52,18 @@ class BaseSessionStore(ABC):
     save_may_suspend: ClassVar[bool] = True
 
     def __init__(
-        self, default_max_turns: int = DEFAULT_MAX_TURNS, *, default_title: str = DEFAULT_TITLE
+        self,
+        default_max_turns: int = DEFAULT_MAX_TURNS,
+        dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
+        *,
+        default_title: str = DEFAULT_TITLE,
     ) -> None:
         if default_max_turns <= 0:
             raise ValueError(f"default_max_turns must be positive, got {default_max_turns}")
+        if dedup_ttl_hours <= 0:
+            raise ValueError(f"dedup_ttl_hours must be positive, got {dedup_ttl_hours}")
         self.default_max_turns = default_max_turns
+        self.dedup_ttl = timedelta(hours=dedup_ttl_hours)
         self.default_title = default_title
         self._resolver: AgentResolver | None = None
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}

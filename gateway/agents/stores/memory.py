@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from gateway.agents.agent import Agent
@@ -28,10 +27,7 @@ class SessionStore(BaseSessionStore):
         *,
         default_title: str = DEFAULT_TITLE,
     ) -> None:
-        super().__init__(default_max_turns, default_title=default_title)
-        if dedup_ttl_hours <= 0:
-            raise ValueError("dedup_ttl_hours must be positive")
-        self.dedup_ttl = timedelta(hours=dedup_ttl_hours)
+        super().__init__(default_max_turns, dedup_ttl_hours, default_title=default_title)
         self._sessions: dict[str, SessionContext] = {}
         self._processed: dict[str, Any] = {}
 

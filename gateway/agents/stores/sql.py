@@ -15,7 +15,7 @@ import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +55,7 @@ class SQLSessionStore(BaseSessionStore):
         *,
         default_title: str = DEFAULT_TITLE,
     ) -> None:
-        super().__init__(default_max_turns, default_title=default_title)
-        if dedup_ttl_hours <= 0:
-            raise ValueError("dedup_ttl_hours must be positive")
-        self.dedup_ttl = timedelta(hours=dedup_ttl_hours)
+        super().__init__(default_max_turns, dedup_ttl_hours, default_title=default_title)
         if isinstance(url_or_engine, AsyncEngine):
             self.engine, self._owns_engine = url_or_engine, False
         elif isinstance(url_or_engine, str):
