@@ -8,6 +8,7 @@ print; ``Settings.secret_values()`` feeds the log redactor.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -66,6 +67,32 @@ class Settings(BaseSettings):
         description="The starting agent, as module:attribute.",
     )
 
+    whatsapp_verify_token: SecretStr | None = Field(
+        default=None, description="The Verify token entered in Meta's App Dashboard (GET handshake)."
+    )
+    whatsapp_app_secret: SecretStr | None = Field(
+        default=None, description="App secret that signs webhooks; WhatsApp is disabled without it."
+    )
+    whatsapp_access_token: SecretStr | None = Field(
+        default=None, description="Token for sending; without it replies are dry-run (logged, not sent)."
+    )
+    whatsapp_api_base: str = Field(default="https://graph.facebook.com/v26.0", description="Graph API base.")
+    telegram_bot_token: SecretStr | None = Field(
+        default=None, description="Bot token from @BotFather; without it replies are dry-run."
+    )
+    telegram_secret_token: SecretStr | None = Field(
+        default=None,
+        description="secret_token given to setWebhook; Telegram is disabled without it.",
+    )
+    telegram_api_base: str = Field(default="https://api.telegram.org", description="Bot API base.")
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, description="Largest webhook body accepted (413 above)."
+    )
+    dedup_ttl_hours: float = Field(
+        default=192, gt=0, description="How long message keys are remembered (WhatsApp retries for 7 days)."
+    )
+    max_turns: int = Field(default=40, ge=1, description="Complete turns kept per conversation.")
+
     @field_validator("model")
     @classmethod
     def _check_model(cls, value: str) -> str:
@@ -73,12 +100,34 @@ class Settings(BaseSettings):
             return value
         raise ValueError("must be 'scripted' or 'openai:<model>'")
 
-    @field_validator("openai_api_key", mode="before")
+    @field_validator(
+        "openai_api_key",
+        "whatsapp_verify_token",
+        "whatsapp_app_secret",
+        "whatsapp_access_token",
+        "telegram_bot_token",
+        "telegram_secret_token",
+        mode="before",
+    )
     @classmethod
     def _empty_key_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
 
-    @field_validator("openai_base_url")
+    @field_validator("telegram_secret_token")
+    @classmethod
+    def _check_telegram_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", value.get_secret_value()):
+            raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and - (Telegram's rule)")
+        return value
+
+    @field_validator("telegram_bot_token")
+    @classmethod
+    def _check_bot_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"\d+:[A-Za-z0-9_-]+", value.get_secret_value()):
+            raise ValueError("is not a bot token of the form <digits>:<secret> (see @BotFather)")
+        return value
+
+    @field_validator("openai_base_url", "whatsapp_api_base", "telegram_api_base")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):

@@ -167,3 +167,35 @@ def test_readme_documents_every_setting() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in Settings.model_fields:
         assert f"`GATEWAY_{name.upper()}`" in readme, f"README does not document GATEWAY_{name.upper()}"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("GATEWAY_TELEGRAM_SECRET_TOKEN", "has spaces", "1-256 characters"),
+        ("GATEWAY_TELEGRAM_BOT_TOKEN", "not-a-token", "bot token"),
+        ("GATEWAY_WHATSAPP_API_BASE", "graph.facebook.com", "http"),
+        ("GATEWAY_MAX_BODY_BYTES", "10", "greater than or equal"),
+        ("GATEWAY_DEDUP_TTL_HOURS", "0", "greater than"),
+        ("GATEWAY_MAX_TURNS", "0", "greater than or equal"),
+    ],
+)
+def test_platform_settings_are_checked(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, problem: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert name in str(caught.value)
+    assert problem in str(caught.value)
+    if "TOKEN" in name:
+        assert value not in str(caught.value)  # secrets are not echoed back
+
+
+def test_platform_secrets_feed_the_log_redactor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_TELEGRAM_BOT_TOKEN", "123456:secret-bot-token")
+    monkeypatch.setenv("GATEWAY_WHATSAPP_APP_SECRET", "app-secret-value")
+    monkeypatch.setenv("GATEWAY_WHATSAPP_VERIFY_TOKEN", "")
+    settings = load_settings()
+    assert {"123456:secret-bot-token", "app-secret-value"} <= set(settings.secret_values())
+    assert settings.whatsapp_verify_token is None  # empty means unset
