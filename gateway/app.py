@@ -7,12 +7,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import structlog
+from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway.bootstrap import build_services
+from gateway.bootstrap import Services, build_services
 from gateway.logs import configure_logging
+from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, SENDING_SETTING, sends_for_real
 from gateway.settings import Settings, load_settings
 from gateway.store import migrations
 from gateway.store.engine import is_memory_sqlite, safe_url
@@ -20,6 +22,7 @@ from gateway.web.errors import EXCEPTION_HANDLERS
 from gateway.web.health import healthz, readyz
 from gateway.web.metrics import HttpMetrics
 from gateway.web.middleware import RequestContextMiddleware
+from gateway.web.webhooks import Webhooks, handshake, receive
 
 log = structlog.get_logger("gateway.app")
 
@@ -44,8 +47,21 @@ def create_app(settings: Settings | None = None) -> Starlette:
             if is_memory_sqlite(database_url):
                 # Nobody else can see an in-memory database, so the app migrates its own.
                 await migrations.upgrade(services.engine)
+            await services.start()
+            _log_platforms(settings, services)
             log.info("gateway_started", database=safe_url(database_url), schema_head=schema_head)
-            yield {"engine": services.engine, "schema_head": schema_head, "settings": settings}
+            webhooks = Webhooks(
+                adapters=services.adapters,
+                writer=services.ingest,
+                max_body_bytes=settings.max_body_bytes,
+                whatsapp_verify_token=_secret(settings.whatsapp_verify_token),
+            )
+            yield {
+                "engine": services.engine,
+                "schema_head": schema_head,
+                "settings": settings,
+                "webhooks": webhooks,
+            }
         finally:
             await services.aclose()
             log.info("gateway_stopped")
@@ -55,8 +71,26 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),
+            Route("/webhooks/{platform}", receive, methods=["POST"]),
+            Route("/webhooks/{platform}", handshake, methods=["GET"]),
         ],
         middleware=[Middleware(RequestContextMiddleware, metrics=metrics)],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
+def _log_platforms(settings: Settings, services: Services) -> None:
+    for platform in PLATFORMS:
+        if platform not in services.adapters:
+            log.info("platform_disabled", platform=platform, enable_with=ENABLING_SETTING[platform])
+        elif sends_for_real(settings, platform):
+            log.info("platform_enabled", platform=platform, sending="live")
+        else:
+            log.info(
+                "platform_enabled", platform=platform, sending="dry-run", send_with=SENDING_SETTING[platform]
+            )

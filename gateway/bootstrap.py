@@ -10,23 +10,46 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.registry import model_factory_from_settings
 from gateway.errors import SettingsError
+from gateway.platforms.base import PlatformAdapter
+from gateway.platforms.registry import enabled_adapters
 from gateway.settings import Settings
-from gateway.store.engine import create_engine
+from gateway.store.engine import create_engine, sqlite_file_path
+from gateway.store.ingest import IngestWriter
+from gateway.store.sqlite_thread import SQLiteThread
 
 
 @dataclass(frozen=True)
 class Services:
-    """Everything long-lived that the app's lifespan owns and closes."""
+    """Everything long-lived that the app's lifespan owns, starts and closes."""
 
     settings: Settings
     engine: AsyncEngine
+    adapters: dict[str, PlatformAdapter]
+    ingest: IngestWriter
+    sqlite_thread: SQLiteThread | None
+
+    async def start(self) -> None:
+        await self.ingest.start()
 
     async def aclose(self) -> None:
+        await self.ingest.stop()
+        if self.sqlite_thread is not None:
+            await self.sqlite_thread.aclose()
         await self.engine.dispose()
 
 
 def build_services(settings: Settings) -> Services:
-    return Services(settings=settings, engine=create_engine(settings.database_url))
+    engine = create_engine(settings.database_url)
+    path = sqlite_file_path(engine.url)
+    # SQLite files take the webhooks' writes on a dedicated sqlite3 thread, one hop per batch.
+    thread = SQLiteThread(path) if path is not None else None
+    return Services(
+        settings=settings,
+        engine=engine,
+        adapters=enabled_adapters(settings),
+        ingest=IngestWriter(engine, thread, settings.dedup_ttl_hours),
+        sqlite_thread=thread,
+    )
 
 
 def load_agent(spec: str) -> Agent:

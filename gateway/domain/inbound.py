@@ -6,7 +6,7 @@ worker turns messages into agent turns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -113,6 +113,14 @@ class InboundMessage:
     @property
     def session_id(self) -> str:
         return self.conversation.session_id
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, for the inbox row the worker reads back."""
+        data = asdict(self)
+        data["kind"] = self.kind.value
+        data["timestamp"] = self.timestamp.isoformat()
+        data["session_id"] = self.session_id
+        return data
 
     @property
     def chat_id(self) -> str:

@@ -54,6 +54,14 @@ def async_url(url: str | URL) -> URL:
     return parsed.set(drivername=driver) if driver else parsed
 
 
+def sqlite_file_path(url: str | URL) -> Path | None:
+    """The file of an SQLite URL (absolute), or None for PostgreSQL and in-memory SQLite."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or is_memory_sqlite(parsed) or not parsed.database:
+        return None
+    return Path(parsed.database).expanduser().resolve()
+
+
 def safe_url(url: str | URL) -> str:
     """The URL with its password hidden, fit for logs and error messages."""
     return make_url(url).render_as_string(hide_password=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, MetaData, String
+from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, MetaData, String, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -98,3 +98,36 @@ class ProcessedMessageRow(Base):
     platform: Mapped[str] = mapped_column(String(32))
     processed_at: Mapped[datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class InboxRow(Base):
+    """A platform message accepted by a webhook, waiting for (or done with) its agent turn.
+
+    Written in the same transaction as its dedup key, before the webhook answers 200. Rows of one
+    conversation are handled in id order; `lease_until` lets a crashed worker's claim expire.
+    """
+
+    __tablename__ = "chatflow_inbox"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    dedup_key: Mapped[str] = mapped_column(String(255), unique=True)
+    platform: Mapped[str] = mapped_column(String(32))
+    session_id: Mapped[str] = mapped_column(String(255))
+    message_id: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))
+    text: Mapped[str | None] = mapped_column(Text)
+    message_json: Mapped[dict[str, Any]]
+    # pending (a turn is due), recorded (kept, no turn), done, dead (gave up after retries)
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        Index(None, "status", "next_attempt_at"),  # what is claimable
+        Index(None, "session_id", "id"),  # a conversation in arrival order
+    )

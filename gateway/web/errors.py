@@ -11,10 +11,12 @@ from starlette.responses import JSONResponse, Response
 REQUEST_ID_HEADER = "X-Request-ID"
 
 
-def error_response(status: int, error: str, request_id: str | None, **extra: Any) -> JSONResponse:
+def error_response(
+    status: int, error: str, request_id: str | None, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     body = {"error": error, "request_id": request_id, **extra}
-    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    all_headers = {**(headers or {}), **({REQUEST_ID_HEADER: request_id} if request_id else {})}
+    return JSONResponse(body, status_code=status, headers=all_headers)
 
 
 def request_id_of(request: Request) -> str | None:

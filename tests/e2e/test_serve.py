@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store.engine import create_engine
+from gateway.store.migrations import head_revision
 from tests.helpers import GATEWAY, free_port, gateway_env
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +57,7 @@ def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         ready = wait_ready(process, base)
-        assert ready.json() == {"status": "ready", "database": "ok", "schema": "0001"}
+        assert ready.json() == {"status": "ready", "database": "ok", "schema": head_revision()}
         assert (tmp_path / "data" / "gateway.db").is_file()
 
         health = httpx.get(f"{base}/healthz", headers={"X-Request-ID": "e2e-1"})
@@ -112,7 +113,7 @@ def test_serve_with_several_workers(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        assert wait_ready(process, f"http://127.0.0.1:{port}").json()["schema"] == "0001"
+        assert wait_ready(process, f"http://127.0.0.1:{port}").json()["schema"] == head_revision()
     finally:
         code, err = stop(process)
     assert code == 0, err

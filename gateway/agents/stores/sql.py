@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.agents.agent import Agent
@@ -34,7 +33,7 @@ from gateway.agents.stores.base import (
 from gateway.agents.stores.sql_io import EngineIO, MessageFields, SessionFields, SessionIO, SQLiteFileIO
 from gateway.domain.messages import Message, utcnow
 from gateway.store import migrations
-from gateway.store.engine import SQLITE_IMMEDIATE, async_url, create_engine, is_memory_sqlite
+from gateway.store.engine import SQLITE_IMMEDIATE, async_url, create_engine, sqlite_file_path
 from gateway.store.sqlite_thread import SQLiteThread
 from gateway.store.tables import ProcessedMessageRow, SessionRow
 
@@ -69,7 +68,7 @@ class SQLSessionStore(BaseSessionStore):
         self._schema_ready = False
         self._recent: OrderedDict[str, tuple[datetime, tuple[Message, ...]]] = OrderedDict()
         self._lock_dir = _sqlite_lock_dir(self.engine)
-        sqlite_file = _sqlite_file(self.engine)
+        sqlite_file = sqlite_file_path(self.engine.url)
         self._io: SessionIO = (
             SQLiteFileIO(SQLiteThread(sqlite_file)) if sqlite_file else EngineIO(self.engine)
         )
@@ -307,16 +306,9 @@ def _pool_capacity(engine: AsyncEngine) -> int:
     return (int(size()) if callable(size) else 5) + max(0, overflow)
 
 
-def _sqlite_file(engine: AsyncEngine) -> Path | None:
-    url = make_url(engine.url)
-    if url.get_backend_name() != "sqlite" or is_memory_sqlite(url) or not url.database:
-        return None
-    return Path(url.database).expanduser().resolve()
-
-
 def _sqlite_lock_dir(engine: AsyncEngine) -> Path | None:
     """Lock files live next to an SQLite file, shared by every process that opens it."""
-    path = _sqlite_file(engine)
+    path = sqlite_file_path(engine.url)
     return None if path is None else path.with_suffix(".locks")
 
 

@@ -1,0 +1,226 @@
+"""Durable acknowledgements with group commit: dedup keys and inbox rows, many requests per transaction.
+
+A webhook may answer 200 only once its messages are stored, and one SQLite transaction per request
+caps ingest near a thousand requests per second. So webhooks hand their items to one writer task,
+which takes everything queued while the previous commit ran, writes it in one transaction, and then
+answers every waiting request. If the commit fails, they all get the error (and the platform retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.store.engine import SQLITE_IMMEDIATE
+from gateway.store.sqlite_thread import SQLiteThread, to_sqlite_datetime
+from gateway.store.tables import InboxRow, ProcessedMessageRow
+
+log = structlog.get_logger(__name__)
+MAX_BATCH_ITEMS = 2000
+
+
+@dataclass(frozen=True)
+class InboxEntry:
+    """The inbox row written for a new message key."""
+
+    platform: str
+    session_id: str
+    message_id: str
+    kind: str
+    text: str | None
+    message: dict[str, Any]
+    status: str  # "pending" when a turn is due, "recorded" when it is only kept
+
+
+@dataclass(frozen=True)
+class IngestItem:
+    """One dedup key to claim; `inbox` is written only when the key is new."""
+
+    dedup_key: str
+    platform: str
+    inbox: InboxEntry | None = None
+
+
+@dataclass
+class _Request:
+    items: list[IngestItem]
+    done: asyncio.Future[list[bool]]
+
+
+class IngestWriter:
+    """Commits dedup keys and inbox rows for many webhook requests at once.
+
+    `write(items)` returns, per item, whether its key was new (False: a re-delivery, nothing written).
+    """
+
+    def __init__(self, engine: AsyncEngine, sqlite_file: SQLiteThread | None, dedup_ttl_hours: float) -> None:
+        self.engine = engine
+        self._sqlite = sqlite_file
+        self._ttl_seconds = dedup_ttl_hours * 3600
+        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ingest-writer")
+
+    async def stop(self) -> None:
+        """Finish what is queued, then stop."""
+        if self._task is None:
+            return
+        await self._queue.join()
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self._task = None
+
+    async def write(self, items: list[IngestItem]) -> list[bool]:
+        if not items:
+            return []
+        if self._task is None or self._task.done():
+            raise RuntimeError("the ingest writer is not running")
+        done: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(items, done))
+        return await done
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            count = len(batch[0].items)
+            while count < MAX_BATCH_ITEMS and not self._queue.empty():
+                request = self._queue.get_nowait()
+                batch.append(request)
+                count += len(request.items)
+            try:
+                results = await self._commit([item for request in batch for item in request.items])
+            except Exception as exc:
+                log.error(
+                    "ingest_commit_failed", items=count, error=type(exc).__name__, detail=str(exc)[:300]
+                )
+                for request in batch:
+                    if not request.done.done():
+                        request.done.set_exception(exc)
+            else:
+                offset = 0
+                for request in batch:
+                    size = len(request.items)
+                    if not request.done.done():
+                        request.done.set_result(results[offset : offset + size])
+                    offset += size
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _commit(self, items: list[IngestItem]) -> list[bool]:
+        now = datetime.now(UTC)
+        if self._sqlite is not None:
+            return await self._sqlite.write(lambda conn: _commit_sqlite(conn, items, now, self._ttl_seconds))
+        return await self._commit_engine(items, now)
+
+    async def _commit_engine(self, items: list[IngestItem], now: datetime) -> list[bool]:
+        expires = now + timedelta(seconds=self._ttl_seconds)
+        first: dict[str, int] = {}
+        for index, item in enumerate(items):
+            first.setdefault(item.dedup_key, index)
+        rows = [
+            {
+                "message_key": items[i].dedup_key,
+                "platform": items[i].platform,
+                "processed_at": now,
+                "expires_at": expires,
+            }
+            for i in first.values()
+        ]
+        dialect_insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        statement = dialect_insert(ProcessedMessageRow).values(rows)
+        claim = statement.on_conflict_do_update(
+            index_elements=[ProcessedMessageRow.message_key],
+            set_={
+                "platform": statement.excluded.platform,
+                "processed_at": statement.excluded.processed_at,
+                "expires_at": statement.excluded.expires_at,
+            },
+            where=ProcessedMessageRow.expires_at <= now,
+        ).returning(ProcessedMessageRow.message_key)
+        async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+            claimed = set((await conn.execute(claim)).scalars())
+            new = [
+                first.get(item.dedup_key) == i and item.dedup_key in claimed for i, item in enumerate(items)
+            ]
+            inbox = [
+                _inbox_values(item, now)
+                for item, is_new in zip(items, new, strict=True)
+                if is_new and item.inbox
+            ]
+            if inbox:
+                # A key re-claimed after its TTL keeps its old inbox row: never fail the batch on it.
+                await conn.execute(dialect_insert(InboxRow).on_conflict_do_nothing(), inbox)
+        return new
+
+
+def _inbox_values(item: IngestItem, now: datetime) -> dict[str, Any]:
+    entry = item.inbox
+    assert entry is not None
+    return {
+        "dedup_key": item.dedup_key,
+        "platform": entry.platform,
+        "session_id": entry.session_id,
+        "message_id": entry.message_id,
+        "kind": entry.kind,
+        "text": entry.text,
+        "message_json": entry.message,
+        "status": entry.status,
+        "attempts": 0,
+        "next_attempt_at": now,
+        "received_at": now,
+    }
+
+
+_CLAIM_KEY = (
+    "INSERT INTO chatflow_processed_messages (message_key, platform, processed_at, expires_at) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (message_key) DO UPDATE SET platform = excluded.platform, "
+    "processed_at = excluded.processed_at, expires_at = excluded.expires_at "
+    "WHERE chatflow_processed_messages.expires_at <= ?"
+)
+_INSERT_INBOX = (
+    "INSERT OR IGNORE INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, text, "
+    "message_json, status, attempts, next_attempt_at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
+)
+
+
+def _commit_sqlite(
+    conn: sqlite3.Connection, items: list[IngestItem], now: datetime, ttl: float
+) -> list[bool]:
+    stamp = to_sqlite_datetime(now)
+    expires = to_sqlite_datetime(now + timedelta(seconds=ttl))
+    results = []
+    inbox = []
+    for item in items:
+        is_new = (
+            conn.execute(_CLAIM_KEY, (item.dedup_key, item.platform, stamp, expires, stamp)).rowcount == 1
+        )
+        results.append(is_new)
+        entry = item.inbox
+        if is_new and entry is not None:
+            inbox.append(
+                (
+                    item.dedup_key,
+                    entry.platform,
+                    entry.session_id,
+                    entry.message_id,
+                    entry.kind,
+                    entry.text,
+                    json.dumps(entry.message),
+                    entry.status,
+                    stamp,
+                    stamp,
+                )
+            )
+    conn.executemany(_INSERT_INBOX, inbox)
+    return results

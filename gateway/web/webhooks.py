@@ -1,0 +1,150 @@
+"""`/webhooks/{platform}`: verify, parse, store durably, acknowledge. Never waits for a model.
+
+Answers, in order of checks: unknown or disabled platform 404; body over the limit 413 (not read
+whole); bad signature or secret 401 (nothing stored); invalid JSON or not an object 400; an update
+we do not act on 200; otherwise 200 once its dedup keys and inbox rows are committed, or 503 if the
+database could not take them (the platform retries). Nothing a client sends gives a 500.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
+from gateway.platforms.base import PlatformAdapter
+from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS
+from gateway.store.ingest import InboxEntry, IngestItem, IngestWriter
+from gateway.web.errors import error_response, request_id_of
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Webhooks:
+    """What the webhook routes need, built by the app's lifespan."""
+
+    adapters: dict[str, PlatformAdapter]
+    writer: IngestWriter
+    max_body_bytes: int
+    whatsapp_verify_token: str | None
+    turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS
+
+
+async def receive(request: Request) -> Response:
+    webhooks: Webhooks = request.state.webhooks
+    platform = request.path_params["platform"]
+    rid = request_id_of(request)
+    if platform not in PLATFORMS:
+        return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
+    adapter = webhooks.adapters.get(platform)
+    if adapter is None:
+        detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
+        return error_response(404, "platform_disabled", rid, detail=detail)
+
+    body = await _read_limited(request, webhooks.max_body_bytes)
+    if body is None:
+        return error_response(
+            413, "payload_too_large", rid, detail=f"body over {webhooks.max_body_bytes} bytes"
+        )
+    if not adapter.verify(request.headers, body):
+        log.warning("webhook_rejected", platform=platform, reason="signature")
+        return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return error_response(400, "invalid_json", rid, detail="the body is not valid JSON")
+    if not isinstance(payload, dict):
+        return error_response(400, "invalid_json", rid, detail="the body is not a JSON object")
+
+    parsed = adapter.parse(payload)
+    if parsed.empty:
+        log.info("webhook_ignored", platform=platform)
+        return JSONResponse({"status": "ignored"})
+    items = _ingest_items(platform, parsed, webhooks.turn_kinds)
+    try:
+        new = await webhooks.writer.write(items)
+    except Exception:
+        log.exception("webhook_store_failed", platform=platform, items=len(items))
+        return error_response(503, "unavailable", rid, detail="could not store the update; retry later")
+    accepted = sum(new)
+    log.info(
+        "webhook_accepted",
+        platform=platform,
+        messages=len(parsed.messages),
+        statuses=len(parsed.statuses),
+        new=accepted,
+        duplicates=len(items) - accepted,
+    )
+    return JSONResponse({"status": "accepted", "new": accepted, "duplicates": len(items) - accepted})
+
+
+async def handshake(request: Request) -> Response:
+    """Meta's GET handshake: echo `hub.challenge` as plain text when mode and verify token are right."""
+    webhooks: Webhooks = request.state.webhooks
+    platform = request.path_params["platform"]
+    rid = request_id_of(request)
+    if platform not in PLATFORMS:
+        return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
+    if platform != "whatsapp":
+        return error_response(405, "method_not_allowed", rid, detail="use POST", headers={"Allow": "POST"})
+    if platform not in webhooks.adapters:
+        detail = f"whatsapp is disabled: set {ENABLING_SETTING['whatsapp']} to enable it"
+        return error_response(404, "platform_disabled", rid, detail=detail)
+    params = request.query_params
+    expected = webhooks.whatsapp_verify_token
+    token = params.get("hub.verify_token") or ""
+    valid = (
+        expected is not None
+        and params.get("hub.mode") == "subscribe"
+        and hmac.compare_digest(token.encode(), expected.encode())
+    )
+    if not valid:
+        log.warning("webhook_handshake_refused", platform="whatsapp")
+        return PlainTextResponse("Forbidden", status_code=403)
+    return PlainTextResponse(params.get("hub.challenge") or "")
+
+
+async def _read_limited(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it is known to exceed `limit` (without reading the rest)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return None
+    except ClientDisconnect:
+        return bytes(body)
+    return bytes(body)
+
+
+def _ingest_items(
+    platform: str, parsed: ParsedUpdate, turn_kinds: frozenset[MessageKind]
+) -> list[IngestItem]:
+    items = []
+    for message in parsed.messages:
+        data: dict[str, Any] = message.to_dict()
+        entry = InboxEntry(
+            platform=platform,
+            session_id=message.session_id,
+            message_id=message.message_id,
+            kind=message.kind.value,
+            text=agent_text(message),
+            message=data,
+            status="pending" if starts_turn(message, turn_kinds) else "recorded",
+        )
+        items.append(IngestItem(message.dedup_key, platform, entry))
+    # Statuses and membership changes are remembered by key (so re-deliveries are dropped); applying
+    # them to outbound rows and chat reachability comes with outbound delivery.
+    items.extend(IngestItem(status.dedup_key, platform) for status in parsed.statuses)
+    items.extend(IngestItem(change.dedup_key, platform) for change in parsed.memberships)
+    return items
