@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,6 +17,7 @@ from gateway.settings import Settings
 from gateway.store.engine import create_engine, sqlite_file_path
 from gateway.store.ingest import IngestWriter
 from gateway.store.sqlite_thread import SQLiteThread
+from gateway.worker.maintenance import purge_dedup_keys_periodically
 
 
 @dataclass(frozen=True)
@@ -27,11 +29,17 @@ class Services:
     adapters: dict[str, PlatformAdapter]
     ingest: IngestWriter
     sqlite_thread: SQLiteThread | None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
         await self.ingest.start()
+        self.tasks.append(asyncio.create_task(purge_dedup_keys_periodically(self.engine), name="dedup-purge"))
 
     async def aclose(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()
         await self.ingest.stop()
         if self.sqlite_thread is not None:
             await self.sqlite_thread.aclose()

@@ -13,6 +13,7 @@ from typing import TypeVar
 import structlog
 import uvicorn
 from alembic.util.exc import CommandError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
@@ -21,8 +22,8 @@ from gateway.bootstrap import build_runner, load_agent
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
 from gateway.settings import Settings, load_settings, unknown_env_settings
-from gateway.store import migrations
-from gateway.store.engine import create_engine, is_memory_sqlite, ping
+from gateway.store import dedup, inbox, migrations
+from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
@@ -50,6 +51,19 @@ def _parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="talk to the configured agent in the terminal")
     chat.add_argument("--session", help="session id to resume or create (default: a new cli:<random> id)")
+
+    dedup_commands = commands.add_parser("dedup", help="platform message keys").add_subparsers(
+        dest="dedup_command", required=True, metavar="ACTION"
+    )
+    dedup_commands.add_parser("purge", help="delete keys older than GATEWAY_DEDUP_TTL_HOURS")
+
+    inbox_commands = commands.add_parser("inbox", help="messages accepted by the webhooks").add_subparsers(
+        dest="inbox_command", required=True, metavar="ACTION"
+    )
+    listing = inbox_commands.add_parser("list", help="newest first")
+    listing.add_argument("--status", choices=inbox.STATUSES, help="only rows with this status")
+    listing.add_argument("--limit", type=_positive_int, default=50)
+    inbox_commands.add_parser("retry", help="requeue a dead message").add_argument("id", type=int)
 
     db = commands.add_parser("db", help="database migrations").add_subparsers(
         dest="db_command", required=True, metavar="ACTION"
@@ -88,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(settings, args)
         if args.command == "chat":
             return _with_engine(settings, lambda engine: _chat(settings, engine, args.session))
+        if args.command == "dedup":
+            purged = _with_engine(settings, _purge)
+            print(f"purged {purged} expired message keys")
+            return EXIT_OK
+        if args.command == "inbox":
+            return _inbox(settings, args)
         return _db(settings, args)
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
@@ -104,6 +124,8 @@ def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]
             return await work(engine)
         except CommandError as exc:
             raise CommandFailed(str(exc)) from None
+        except (SQLAlchemyError, OSError) as exc:
+            raise CommandFailed(describe_failure(engine.url, exc)) from None
         finally:
             await engine.dispose()
 
@@ -137,6 +159,36 @@ async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None)
             print(f"(the model failed: {exc}; try again)")
             continue
         print(f"{result.agent_name}> {result.content}")
+
+
+async def _purge(engine: AsyncEngine) -> int:
+    await migrations.ensure_head(engine)
+    return await dedup.purge_expired(engine)
+
+
+async def _list_inbox(engine: AsyncEngine, status: str | None, limit: int) -> list[inbox.InboxItem]:
+    await migrations.ensure_head(engine)
+    return await inbox.list_items(engine, status, limit)
+
+
+def _inbox(settings: Settings, args: argparse.Namespace) -> int:
+    if args.inbox_command == "retry":
+        if not _with_engine(settings, lambda engine: inbox.retry(engine, args.id)):
+            raise CommandFailed(f"no dead inbox row with id {args.id}")
+        print(f"inbox row {args.id} requeued")
+        return EXIT_OK
+    items = _with_engine(settings, lambda engine: _list_inbox(engine, args.status, args.limit))
+    for item in items:
+        text = (item.text or "").replace("\n", " ")
+        text = text if len(text) <= 60 else text[:57] + "..."
+        error = f"  error: {item.last_error}" if item.last_error else ""
+        print(
+            f"{item.id:>8}  {item.received_at:%Y-%m-%d %H:%M:%S}  {item.status:<8}  {item.attempts}  "
+            f"{item.session_id}  [{item.kind}] {text}{error}"
+        )
+    if not items:
+        print("no inbox rows" + (f" with status {args.status}" if args.status else ""))
+    return EXIT_OK
 
 
 def _db(settings: Settings, args: argparse.Namespace) -> int:

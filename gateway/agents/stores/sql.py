@@ -32,12 +32,11 @@ from gateway.agents.stores.base import (
 )
 from gateway.agents.stores.sql_io import EngineIO, MessageFields, SessionFields, SessionIO, SQLiteFileIO
 from gateway.domain.messages import Message, utcnow
-from gateway.store import migrations
+from gateway.store import dedup, migrations
 from gateway.store.engine import SQLITE_IMMEDIATE, async_url, create_engine, sqlite_file_path
 from gateway.store.sqlite_thread import SQLiteThread
-from gateway.store.tables import ProcessedMessageRow, SessionRow
+from gateway.store.tables import SessionRow
 
-PURGE_BATCH_SIZE = 1000
 SQLITE_LOCK_BUCKETS = 1024
 RECENT_SESSIONS = 1000  # decoded sessions kept per store, so a turn need not re-read its history
 PG_SESSION_LOCKS = 20  # sessions one store runs turns on at once, on an engine it creates
@@ -256,24 +255,9 @@ class SQLSessionStore(BaseSessionStore):
         return await self._io.mark(key, platform, now, now + self.dedup_ttl)
 
     async def purge_expired(self) -> int:
-        """Delete expired keys in batches of PURGE_BATCH_SIZE, each its own short transaction."""
+        """Delete expired keys in bounded batches, each its own short transaction."""
         await self._ready()
-        now = utcnow()
-        total = 0
-        while True:
-            batch = (
-                select(ProcessedMessageRow.message_key)
-                .where(ProcessedMessageRow.expires_at <= now)
-                .limit(PURGE_BATCH_SIZE)
-                .scalar_subquery()
-            )
-            async with self._write() as conn:
-                result = await conn.execute(
-                    delete(ProcessedMessageRow).where(ProcessedMessageRow.message_key.in_(batch))
-                )
-            total += result.rowcount
-            if result.rowcount < PURGE_BATCH_SIZE:
-                return total
+        return await dedup.purge_expired(self.engine)
 
 
 class SQLiteSessionStore(SQLSessionStore):

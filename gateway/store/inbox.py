@@ -1,0 +1,63 @@
+"""Reading and requeueing inbox rows, for operators (`gateway inbox …`, later the admin API)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.store.engine import SQLITE_IMMEDIATE
+from gateway.store.tables import InboxRow
+
+STATUSES = ("pending", "recorded", "done", "dead")
+
+
+@dataclass(frozen=True)
+class InboxItem:
+    id: int
+    platform: str
+    session_id: str
+    kind: str
+    status: str
+    attempts: int
+    text: str | None
+    last_error: str | None
+    received_at: datetime
+
+
+async def list_items(engine: AsyncEngine, status: str | None = None, limit: int = 50) -> list[InboxItem]:
+    """Newest first, optionally of one status."""
+    query = select(
+        InboxRow.id,
+        InboxRow.platform,
+        InboxRow.session_id,
+        InboxRow.kind,
+        InboxRow.status,
+        InboxRow.attempts,
+        InboxRow.text,
+        InboxRow.last_error,
+        InboxRow.received_at,
+    ).order_by(InboxRow.id.desc())
+    if status is not None:
+        query = query.where(InboxRow.status == status)
+    async with engine.connect() as conn:
+        return [InboxItem(*row) for row in await conn.execute(query.limit(limit))]
+
+
+async def retry(engine: AsyncEngine, inbox_id: int) -> bool:
+    """Put a dead row back in the queue with fresh attempts; False if there is no dead row with that id."""
+    requeue = (
+        update(InboxRow)
+        .where(InboxRow.id == inbox_id, InboxRow.status == "dead")
+        .values(
+            status="pending",
+            attempts=0,
+            next_attempt_at=datetime.now(UTC),
+            lease_owner=None,
+            lease_until=None,
+        )
+    )
+    async with engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+        return bool((await conn.execute(requeue)).rowcount)

@@ -1,0 +1,1 @@
+"""Background work of the gateway: maintenance now; turns and delivery next."""
