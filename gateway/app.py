@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 writer=services.ingest,
                 max_body_bytes=settings.max_body_bytes,
                 whatsapp_verify_token=_secret(settings.whatsapp_verify_token),
+                on_pending=services.worker.wake,
             )
             yield {
                 "engine": services.engine,

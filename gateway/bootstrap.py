@@ -17,6 +17,7 @@ from gateway.settings import Settings
 from gateway.store.engine import create_engine, sqlite_file_path
 from gateway.store.ingest import IngestWriter
 from gateway.store.sqlite_thread import SQLiteThread
+from gateway.worker.inbox import InboxWorker
 from gateway.worker.maintenance import purge_dedup_keys_periodically
 
 
@@ -29,11 +30,13 @@ class Services:
     adapters: dict[str, PlatformAdapter]
     ingest: IngestWriter
     sqlite_thread: SQLiteThread | None
+    worker: InboxWorker
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
         await self.ingest.start()
         self.tasks.append(asyncio.create_task(purge_dedup_keys_periodically(self.engine), name="dedup-purge"))
+        self.tasks.append(asyncio.create_task(self.worker.run(), name="inbox-worker"))
 
     async def aclose(self) -> None:
         for task in self.tasks:
@@ -41,6 +44,7 @@ class Services:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         self.tasks.clear()
         await self.ingest.stop()
+        await self.worker.runner.session_store.aclose()
         if self.sqlite_thread is not None:
             await self.sqlite_thread.aclose()
         await self.engine.dispose()
@@ -57,6 +61,7 @@ def build_services(settings: Settings) -> Services:
         adapters=enabled_adapters(settings),
         ingest=IngestWriter(engine, thread, settings.dedup_ttl_hours),
         sqlite_thread=thread,
+        worker=InboxWorker(engine, build_runner(settings, engine)),
     )
 
 
@@ -76,5 +81,7 @@ def load_agent(spec: str) -> Agent:
 
 def build_runner(settings: Settings, engine: AsyncEngine) -> Runner:
     """The configured agent graph on an SQL session store sharing the service's engine."""
-    store = SQLSessionStore(engine)
+    store = SQLSessionStore(
+        engine, default_max_turns=settings.max_turns, dedup_ttl_hours=settings.dedup_ttl_hours
+    )
     return Runner(load_agent(settings.agent), store, model_factory=model_factory_from_settings(settings))

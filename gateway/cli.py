@@ -24,6 +24,7 @@ from gateway.logs import configure_logging
 from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations
 from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping
+from gateway.worker.inbox import InboxWorker
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
@@ -48,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--no-migrate", action="store_true", help="skip the migration; only check the database"
     )
+
+    commands.add_parser("worker", help="run only the inbox worker (no HTTP), e.g. as a separate deployment")
 
     chat = commands.add_parser("chat", help="talk to the configured agent in the terminal")
     chat.add_argument("--session", help="session id to resume or create (default: a new cli:<random> id)")
@@ -100,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(settings, args)
+        if args.command == "worker":
+            load_agent(settings.agent)
+            return _with_engine(settings, lambda engine: _worker(settings, engine))
         if args.command == "chat":
             return _with_engine(settings, lambda engine: _chat(settings, engine, args.session))
         if args.command == "dedup":
@@ -159,6 +165,26 @@ async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None)
             print(f"(the model failed: {exc}; try again)")
             continue
         print(f"{result.agent_name}> {result.content}")
+
+
+async def _worker(settings: Settings, engine: AsyncEngine) -> int:
+    """Claim and answer inbox rows until SIGTERM or Ctrl-C; rows in flight are handed back."""
+    await migrations.ensure_head(engine)
+    runner = build_runner(settings, engine)
+    worker = InboxWorker(engine, runner)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    task = asyncio.create_task(worker.run())
+    try:
+        await stop.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.session_store.aclose()
+    log.info("worker_stopped", owner=worker.owner)
+    return EXIT_OK
 
 
 async def _purge(engine: AsyncEngine) -> int:

@@ -16,6 +16,7 @@ from gateway.agents.stores.base import BaseSessionStore
 from gateway.agents.stores.memory import SessionStore
 from gateway.agents.tools import execute_tool_call
 from gateway.domain.messages import Message, Role
+from gateway.store.turns import InboxCompletion
 
 log = structlog.get_logger(__name__)
 
@@ -76,9 +77,18 @@ class Runner:
         return asyncio.run(self.run_async(session_id, user_message, metadata))
 
     async def run_async(
-        self, session_id: str, user_message: str, metadata: Mapping[str, Any] | None = None
+        self,
+        session_id: str,
+        user_message: str,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        commit_with: Callable[[list[Message]], InboxCompletion] | None = None,
     ) -> RunResult:
-        """Run one turn. On any failure (exception, timeout, cancellation) the session is left as it was."""
+        """Run one turn. On any failure (exception, timeout, cancellation) the session is left as it was.
+
+        `commit_with` turns the turn's new messages into what the gateway's worker commits along with
+        the session (its inbox row done, the replies to deliver), in the same transaction.
+        """
         store = self.session_store
         async with store.session_lock(session_id):
             session = await store.get_or_create(session_id, self.starting_agent)
@@ -89,8 +99,9 @@ class Runner:
                     session.metadata.update(metadata)  # after the checkpoint: a failed turn undoes it
                 new_messages = await self._turn(session, user_message)
                 session._prune_history()
+                completion = commit_with(new_messages) if commit_with is not None else None
                 if store.save_may_suspend:
-                    saving = asyncio.ensure_future(store.save(session))
+                    saving = asyncio.ensure_future(store.save(session, completion))
                     try:
                         await asyncio.shield(saving)
                     except asyncio.CancelledError:
@@ -101,7 +112,7 @@ class Runner:
                         saved = not saving.cancelled() and saving.exception() is None
                         raise
                 else:
-                    await store.save(session)  # never suspends, so it cannot be cut in half
+                    await store.save(session, completion)  # never suspends, so it cannot be cut in half
                 saved = True
             except BaseException:
                 if not saved:

@@ -131,3 +131,37 @@ class InboxRow(Base):
         Index(None, "status", "next_attempt_at"),  # what is claimable
         Index(None, "session_id", "id"),  # a conversation in arrival order
     )
+
+
+class OutboxRow(Base):
+    """A reply (or other platform call) to deliver, written in the same transaction as its turn.
+
+    `platform_message_id` is set once the platform accepted it, so it is never sent twice; status
+    webhooks then move it on (delivered, read, failed).
+    """
+
+    __tablename__ = "chatflow_outbox"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    inbox_id: Mapped[int | None] = mapped_column(BigIntPK)
+    platform: Mapped[str] = mapped_column(String(32))
+    session_id: Mapped[str] = mapped_column(String(255))
+    kind: Mapped[str] = mapped_column(String(32))  # text, answer_callback
+    text: Mapped[str | None] = mapped_column(Text)
+    target_json: Mapped[dict[str, Any]]  # where it goes: chat, thread, recipient, reply-to
+    # pending, sent, delivered, read, failed, dry_run
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None]
+    platform_message_id: Mapped[str | None] = mapped_column(String(255), index=True)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        Index(None, "status", "next_attempt_at"),
+        Index(None, "session_id", "id"),
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ class Webhooks:
     writer: IngestWriter
     max_body_bytes: int
     whatsapp_verify_token: str | None
+    on_pending: Callable[[], None] = lambda: None  # wakes the worker when a turn is due
     turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS
 
 
@@ -74,6 +76,11 @@ async def receive(request: Request) -> Response:
         log.exception("webhook_store_failed", platform=platform, items=len(items))
         return error_response(503, "unavailable", rid, detail="could not store the update; retry later")
     accepted = sum(new)
+    if any(
+        is_new and item.inbox and item.inbox.status == "pending"
+        for item, is_new in zip(items, new, strict=True)
+    ):
+        webhooks.on_pending()
     log.info(
         "webhook_accepted",
         platform=platform,

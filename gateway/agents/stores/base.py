@@ -16,6 +16,7 @@ from gateway.agents.agent import Agent
 from gateway.agents.context import DEFAULT_MAX_TURNS, DEFAULT_TITLE, SessionContext, make_title
 from gateway.domain.messages import Role
 from gateway.errors import GatewayError
+from gateway.store.turns import InboxCompletion
 
 log = structlog.get_logger(__name__)
 
@@ -122,8 +123,11 @@ class BaseSessionStore(ABC):
     async def get(self, session_id: str) -> SessionContext | None: ...
 
     @abstractmethod
-    async def save(self, session: SessionContext) -> None:
-        """Persist one turn's changes; SessionDeletedError if the session is gone."""
+    async def save(self, session: SessionContext, completion: InboxCompletion | None = None) -> None:
+        """Persist one turn's changes; SessionDeletedError if the session is gone.
+
+        `completion` (the gateway's worker) commits its inbox row and replies in the same transaction.
+        """
 
     @abstractmethod
     async def delete(self, session_id: str) -> bool:

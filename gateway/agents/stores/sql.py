@@ -36,6 +36,7 @@ from gateway.store import dedup, migrations
 from gateway.store.engine import SQLITE_IMMEDIATE, async_url, create_engine, sqlite_file_path
 from gateway.store.sqlite_thread import SQLiteThread
 from gateway.store.tables import SessionRow
+from gateway.store.turns import InboxCompletion
 
 SQLITE_LOCK_BUCKETS = 1024
 RECENT_SESSIONS = 1000  # decoded sessions kept per store, so a turn need not re-read its history
@@ -148,7 +149,7 @@ class SQLSessionStore(BaseSessionStore):
         while len(self._recent) > RECENT_SESSIONS:
             self._recent.popitem(last=False)
 
-    async def save(self, session: SessionContext) -> None:
+    async def save(self, session: SessionContext, completion: InboxCompletion | None = None) -> None:
         await self._ready()
         now = utcnow()
         title = self._title_for(session)
@@ -173,6 +174,7 @@ class SQLSessionStore(BaseSessionStore):
             fields,
             sorted(session._pruned_positions()),
             rows,
+            completion,
         )
         if not saved:
             raise SessionDeletedError(session.session_id)

@@ -16,11 +16,12 @@ from typing import Any, Protocol
 
 from sqlalchemy import Insert, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.sqlite_thread import SQLiteThread, from_sqlite_datetime, to_sqlite_datetime
-from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
+from gateway.store.tables import InboxRow, MessageRow, OutboxRow, ProcessedMessageRow, SessionRow
+from gateway.store.turns import InboxCompletion, LeaseLostError
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,11 @@ class SessionIO(Protocol):
         fields: SessionFields,
         pruned: list[int],
         rows: list[MessageFields],
+        completion: InboxCompletion | None = None,
     ) -> bool:
         """One transaction: the session row (inserted when `created_at` is given, else updated),
-        pruned positions deleted, new messages inserted. False when the row to update is gone."""
+        pruned positions deleted, new messages inserted, and the worker's inbox row and outbox rows.
+        False when the session row to update is gone; LeaseLostError when the inbox row is."""
         ...
 
     async def is_processed(self, key: str, now: datetime) -> bool: ...
@@ -115,6 +118,7 @@ class EngineIO:
         fields: SessionFields,
         pruned: list[int],
         rows: list[MessageFields],
+        completion: InboxCompletion | None = None,
     ) -> bool:
         values = {
             "active_agent_name": fields.active_agent_name,
@@ -156,6 +160,8 @@ class EngineIO:
                         for r in rows
                     ],
                 )
+            if completion is not None:
+                await _complete_engine(conn, completion, fields.updated_at)
         return True
 
     async def is_processed(self, key: str, now: datetime) -> bool:
@@ -253,6 +259,7 @@ class SQLiteFileIO:
         fields: SessionFields,
         pruned: list[int],
         rows: list[MessageFields],
+        completion: InboxCompletion | None = None,
     ) -> bool:
         session_values = (
             fields.active_agent_name,
@@ -274,6 +281,8 @@ class SQLiteFileIO:
                 return False  # deleted meanwhile; nothing else was written
             conn.executemany(_DELETE_MESSAGE, [(session_id, position) for position in pruned])
             conn.executemany(_INSERT_MESSAGE, message_values)
+            if completion is not None:
+                _complete_sqlite(conn, completion, fields.updated_at)
             return True
 
         return await self.thread.write(write)
@@ -292,3 +301,70 @@ class SQLiteFileIO:
 
     async def aclose(self) -> None:
         await self.thread.aclose()
+
+
+async def _complete_engine(conn: AsyncConnection, completion: InboxCompletion, now: datetime) -> None:
+    done = await conn.execute(
+        update(InboxRow)
+        .where(
+            InboxRow.id == completion.inbox_id,
+            InboxRow.lease_owner == completion.lease_owner,
+            InboxRow.status == "pending",
+        )
+        .values(status="done", finished_at=now, lease_owner=None, lease_until=None)
+    )
+    if done.rowcount != 1:
+        raise LeaseLostError(f"inbox row {completion.inbox_id} is no longer held by {completion.lease_owner}")
+    if completion.outbox:
+        await conn.execute(
+            insert(OutboxRow),
+            [
+                {
+                    "inbox_id": completion.inbox_id,
+                    "platform": entry.platform,
+                    "session_id": entry.session_id,
+                    "kind": entry.kind,
+                    "text": entry.text,
+                    "target_json": entry.target,
+                    "status": "pending",
+                    "attempts": 0,
+                    "next_attempt_at": now,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for entry in completion.outbox
+            ],
+        )
+
+
+_COMPLETE_INBOX = (
+    "UPDATE chatflow_inbox SET status = 'done', finished_at = ?, lease_owner = NULL, lease_until = NULL "
+    "WHERE id = ? AND lease_owner = ? AND status = 'pending'"
+)
+_INSERT_OUTBOX = (
+    "INSERT INTO chatflow_outbox (inbox_id, platform, session_id, kind, text, target_json, status, attempts, "
+    "next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)"
+)
+
+
+def _complete_sqlite(conn: sqlite3.Connection, completion: InboxCompletion, now: datetime) -> None:
+    stamp = to_sqlite_datetime(now)
+    if conn.execute(_COMPLETE_INBOX, (stamp, completion.inbox_id, completion.lease_owner)).rowcount != 1:
+        raise LeaseLostError(f"inbox row {completion.inbox_id} is no longer held by {completion.lease_owner}")
+    conn.executemany(
+        _INSERT_OUTBOX,
+        [
+            (
+                completion.inbox_id,
+                e.platform,
+                e.session_id,
+                e.kind,
+                e.text,
+                json.dumps(e.target),
+                stamp,
+                stamp,
+                stamp,
+            )
+            for e in completion.outbox
+        ],
+    )

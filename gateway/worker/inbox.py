@@ -1,0 +1,241 @@
+"""The inbox worker: claims pending messages and runs their agent turns, one conversation at a time.
+
+A row is claimable when it is pending, due, not leased (or its lease expired), and no older row of
+its conversation is still pending. A leased row is still pending, so it holds back the younger rows
+of its conversation: conversations are answered in arrival order, whatever the number of workers or
+replicas, while different conversations run in parallel. The turn commits together with its inbox
+row (done) and its replies (outbox rows); a worker that dies before that commit leaves the row to be
+claimed again when its lease expires, and one that lost its lease commits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from sqlalchemy import exists, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import aliased
+
+from gateway.agents import Message, Runner
+from gateway.store.engine import SQLITE_IMMEDIATE
+from gateway.store.tables import InboxRow
+from gateway.store.turns import InboxCompletion, LeaseLostError, OutboxEntry
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_CONCURRENCY = 8
+LEASE_SECONDS = 300  # longer than any turn should take; a dead worker's rows wait this long
+MAX_ATTEMPTS = 5
+IDLE_POLL_SECONDS = 0.5  # how often an idle worker looks for rows other processes stored
+BACKOFF_CAP_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    id: int
+    platform: str
+    session_id: str
+    text: str | None
+    message: dict[str, Any]
+    attempts: int
+
+
+class InboxWorker:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        runner: Runner,
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        lease_seconds: float = LEASE_SECONDS,
+        max_attempts: int = MAX_ATTEMPTS,
+        owner: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.runner = runner
+        self.concurrency = concurrency
+        self.lease = timedelta(seconds=lease_seconds)
+        self.max_attempts = max_attempts
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._wake = asyncio.Event()
+        self._postgres = engine.dialect.name == "postgresql"
+
+    def wake(self) -> None:
+        """New pending rows were stored in this process: look now instead of at the next poll."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Claim and process rows until cancelled."""
+        running: set[asyncio.Task[None]] = set()
+        log.info("worker_started", owner=self.owner, concurrency=self.concurrency)
+        try:
+            while True:
+                self._wake.clear()
+                free = self.concurrency - len(running)
+                claimed = await self._claim_safely(free) if free > 0 else []
+                for row in claimed:
+                    task = asyncio.create_task(self.process(row), name=f"turn-{row.id}")
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    task.add_done_callback(lambda _: self._wake.set())
+                if not claimed:
+                    try:
+                        async with asyncio.timeout(IDLE_POLL_SECONDS):
+                            await self._wake.wait()
+                    except TimeoutError:
+                        pass
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def run_until_idle(self) -> int:
+        """Process rows until none is claimable; return how many turns ran (for tests and one-shot use)."""
+        total = 0
+        while claimed := await self.claim(self.concurrency):
+            await asyncio.gather(*(self.process(row) for row in claimed))
+            total += len(claimed)
+        return total
+
+    async def _claim_safely(self, limit: int) -> list[ClaimedRow]:
+        try:
+            return await self.claim(limit)
+        except Exception as exc:  # the database may be briefly away; try again at the next poll
+            log.warning("worker_claim_failed", error=type(exc).__name__)
+            return []
+
+    async def claim(self, limit: int) -> list[ClaimedRow]:
+        now = datetime.now(UTC)
+        older = aliased(InboxRow)
+        held_back = exists().where(
+            older.session_id == InboxRow.session_id, older.status == "pending", older.id < InboxRow.id
+        )
+        query = (
+            select(
+                InboxRow.id,
+                InboxRow.platform,
+                InboxRow.session_id,
+                InboxRow.text,
+                InboxRow.message_json,
+                InboxRow.attempts,
+            )
+            .where(
+                InboxRow.status == "pending",
+                InboxRow.next_attempt_at <= now,
+                or_(InboxRow.lease_until.is_(None), InboxRow.lease_until < now),
+                ~held_back,
+            )
+            .order_by(InboxRow.id)
+            .limit(limit)
+        )
+        if self._postgres:
+            query = query.with_for_update(skip_locked=True, of=InboxRow)
+        async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+            rows = [ClaimedRow(*row) for row in await conn.execute(query)]
+            if rows:
+                await conn.execute(
+                    update(InboxRow)
+                    .where(InboxRow.id.in_([r.id for r in rows]))
+                    .values(lease_owner=self.owner, lease_until=now + self.lease)
+                )
+        return rows
+
+    async def process(self, row: ClaimedRow) -> None:
+        message = row.message
+        metadata = {
+            key: message[key] for key in ("platform", "user_id", "user_name", "phone") if message.get(key)
+        }
+
+        def commit_with(new_messages: list[Message]) -> InboxCompletion:
+            reply = new_messages[-1].content or ""
+            return InboxCompletion(row.id, self.owner, _replies(row, reply))
+
+        with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
+            try:
+                await self.runner.run_async(row.session_id, row.text or "", metadata, commit_with=commit_with)
+            except LeaseLostError:
+                log.warning("turn_lease_lost")
+            except asyncio.CancelledError:
+                # Shutting down: hand the row back now rather than when its lease expires.
+                await asyncio.shield(self._release(row))
+                raise
+            except Exception as exc:
+                await self._failed(row, exc)
+            else:
+                log.info("turn_committed")
+
+    async def _release(self, row: ClaimedRow) -> None:
+        try:
+            async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+                await conn.execute(
+                    update(InboxRow)
+                    .where(
+                        InboxRow.id == row.id,
+                        InboxRow.lease_owner == self.owner,
+                        InboxRow.status == "pending",
+                    )
+                    .values(lease_owner=None, lease_until=None)
+                )
+        except Exception as exc:  # the lease expires on its own
+            log.warning("turn_release_failed", error=type(exc).__name__)
+
+    async def _failed(self, row: ClaimedRow, exc: Exception) -> None:
+        attempts = row.attempts + 1
+        error = f"{type(exc).__name__}: {exc}"[:1000]
+        now = datetime.now(UTC)
+        dead = attempts >= self.max_attempts
+        delay = min(BACKOFF_CAP_SECONDS, 2**attempts) * random.uniform(0.5, 1.0)
+        values: dict[str, Any] = {
+            "attempts": attempts,
+            "last_error": error,
+            "lease_owner": None,
+            "lease_until": None,
+            "next_attempt_at": now + timedelta(seconds=delay),
+        }
+        if dead:
+            values.update(status="dead", finished_at=now)
+        try:
+            async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+                await conn.execute(
+                    update(InboxRow)
+                    .where(InboxRow.id == row.id, InboxRow.lease_owner == self.owner)
+                    .values(**values)
+                )
+        except Exception as store_error:  # the lease expires and the row is retried anyway
+            log.warning("turn_failure_not_recorded", error=type(store_error).__name__)
+        if dead:
+            log.error("turn_dead_lettered", attempts=attempts, error=error)
+        else:
+            log.warning("turn_failed", attempts=attempts, retry_in_s=round(delay, 1), error=error)
+
+
+def _replies(row: ClaimedRow, reply: str) -> list[OutboxEntry]:
+    """Where the reply goes, read from the stored message: chat, topic, recipient, what it answers."""
+    message = row.message
+    conversation = message.get("conversation") or {}
+    target = {
+        "chat_id": conversation.get("chat_id"),
+        "scope": conversation.get("scope"),
+        "thread_id": conversation.get("thread_id"),
+        "user_id": message.get("user_id"),
+        "phone": message.get("phone"),
+        "reply_to": message.get("message_id"),
+    }
+    entries = []
+    if message.get("callback_query_id"):  # the user's spinner stops only when the query is answered
+        entries.append(
+            OutboxEntry(
+                row.platform, row.session_id, "answer_callback", None, {"id": message["callback_query_id"]}
+            )
+        )
+    if reply.strip():
+        entries.append(OutboxEntry(row.platform, row.session_id, "text", reply, target))
+    return entries

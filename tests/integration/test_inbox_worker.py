@@ -1,0 +1,192 @@
+"""The inbox worker on SQLite and PostgreSQL: turns in order, committed with their inbox row and replies."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
+from gateway.agents.models.base import ToolSpec
+from gateway.store import migrations
+from gateway.store.tables import InboxRow, OutboxRow
+from gateway.worker.inbox import InboxWorker
+
+
+class Echo:
+    """Replies 'echo:<text>' and records, per session, the order in which it saw messages."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[str]] = defaultdict(list)
+        self.fail_on: set[str] = set()
+
+    async def respond(self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]) -> Message:
+        text = history[-1].content or ""
+        session = text.split("/")[0]
+        self.seen[session].append(text)
+        await asyncio.sleep(0)  # let other turns interleave if the worker allowed it
+        if text in self.fail_on:
+            raise RuntimeError(f"model failed on {text}")
+        return Message(Role.MODEL, f"echo:{text}")
+
+
+@pytest.fixture
+async def setup(engine: AsyncEngine) -> AsyncIterator[tuple[AsyncEngine, Runner, Echo]]:
+    await migrations.upgrade(engine)
+    model = Echo()
+    store = SQLSessionStore(engine)
+    yield engine, Runner(Agent("Echo", "e", model=model), store), model
+    await store.aclose()
+
+
+async def add_rows(
+    engine: AsyncEngine, rows: list[tuple[str, str]], status: str = "pending", **extra: Any
+) -> None:
+    now = datetime.now(UTC)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(InboxRow),
+            [
+                {
+                    "dedup_key": f"k:{text}",
+                    "platform": "telegram",
+                    "session_id": session,
+                    "message_id": f"{session}:{i}",
+                    "kind": "text",
+                    "text": text,
+                    "message_json": {
+                        "platform": "telegram",
+                        "conversation": {"platform": "telegram", "chat_id": session.split(":")[1]},
+                        "user_id": "7",
+                        "user_name": "Ann",
+                        "message_id": f"{session}:{i}",
+                        **extra,
+                    },
+                    "status": status,
+                    "attempts": 0,
+                    "next_attempt_at": now,
+                    "received_at": now,
+                }
+                for i, (session, text) in enumerate(rows)
+            ],
+        )
+
+
+async def table(engine: AsyncEngine, query: Any) -> list[Any]:
+    async with engine.connect() as conn:
+        return list(await conn.execute(query))
+
+
+async def test_turns_commit_with_their_inbox_row_and_reply(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+    engine, runner, _ = setup
+    await add_rows(
+        engine,
+        [("telegram:1", "telegram:1/a"), ("telegram:2", "telegram:2/a"), ("telegram:1", "telegram:1/b")],
+    )
+    await add_rows(engine, [("telegram:3", "telegram:3/reaction")], status="recorded")
+    worker = InboxWorker(engine, runner)
+    assert await worker.run_until_idle() == 3
+    statuses = await table(engine, select(InboxRow.text, InboxRow.status).order_by(InboxRow.id))
+    assert statuses == [
+        ("telegram:1/a", "done"),
+        ("telegram:2/a", "done"),
+        ("telegram:1/b", "done"),
+        ("telegram:3/reaction", "recorded"),
+    ]
+    replies = await table(
+        engine, select(OutboxRow.session_id, OutboxRow.kind, OutboxRow.text, OutboxRow.target_json)
+    )
+    assert sorted((s, k, t) for s, k, t, _ in replies) == [
+        ("telegram:1", "text", "echo:telegram:1/a"),
+        ("telegram:1", "text", "echo:telegram:1/b"),
+        ("telegram:2", "text", "echo:telegram:2/a"),
+    ]
+    assert replies[0][3]["chat_id"] in {"1", "2"}
+    session = await runner.session_store.get("telegram:1")
+    assert session is not None
+    assert [m.content for m in session.history] == [
+        "telegram:1/a",
+        "echo:telegram:1/a",
+        "telegram:1/b",
+        "echo:telegram:1/b",
+    ]
+    assert session.metadata == {"platform": "telegram", "user_id": "7", "user_name": "Ann"}
+
+
+async def test_two_workers_keep_each_conversation_in_order(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+    engine, runner, model = setup
+    rows = [(f"telegram:{s}", f"telegram:{s}/{i}") for i in range(6) for s in range(4)]
+    await add_rows(engine, rows)
+    workers = [InboxWorker(engine, runner, concurrency=4, owner=f"w{n}") for n in range(2)]
+    done = await asyncio.gather(*(w.run_until_idle() for w in workers))
+    assert sum(done) == len(rows)
+    for s in range(4):
+        assert model.seen[f"telegram:{s}"] == [f"telegram:{s}/{i}" for i in range(6)]
+    assert {status for (status,) in await table(engine, select(InboxRow.status))} == {"done"}
+
+
+async def test_a_failing_turn_is_retried_later_then_dead_lettered(
+    setup: tuple[AsyncEngine, Runner, Echo],
+) -> None:
+    engine, runner, model = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/x"), ("telegram:1", "telegram:1/y")])
+    model.fail_on.add("telegram:1/x")
+    worker = InboxWorker(engine, runner, max_attempts=2)
+    assert await worker.run_until_idle() == 1  # x failed; y waits behind it
+    (attempts, status, error, due) = (
+        await table(
+            engine,
+            select(
+                InboxRow.attempts, InboxRow.status, InboxRow.last_error, InboxRow.next_attempt_at
+            ).order_by(InboxRow.id),
+        )
+    )[0]
+    assert (attempts, status) == (1, "pending")
+    assert "model failed" in error
+    assert due > datetime.now(UTC)  # backing off
+    assert await worker.run_until_idle() == 0
+    async with engine.begin() as conn:  # move time on: make the retry due now
+        await conn.execute(update(InboxRow).values(next_attempt_at=datetime.now(UTC)))
+    assert await worker.run_until_idle() == 2  # x fails for good, then y runs
+    statuses = await table(engine, select(InboxRow.text, InboxRow.status).order_by(InboxRow.id))
+    assert statuses == [("telegram:1/x", "dead"), ("telegram:1/y", "done")]
+    session = await runner.session_store.get("telegram:1")
+    assert session is not None
+    assert [m.content for m in session.history] == ["telegram:1/y", "echo:telegram:1/y"]  # x left no trace
+
+
+async def test_a_worker_that_lost_its_lease_commits_nothing(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+    engine, runner, _ = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/a")])
+    worker = InboxWorker(engine, runner, owner="slow")
+    (row,) = await worker.claim(10)
+    async with engine.begin() as conn:  # its lease expired and another worker took the row
+        await conn.execute(update(InboxRow).values(lease_owner="other"))
+    await worker.process(row)
+    assert await table(engine, select(InboxRow.status, InboxRow.lease_owner)) == [("pending", "other")]
+    assert await table(engine, select(OutboxRow.id)) == []
+    assert await runner.session_store.get("telegram:1") is None
+
+
+async def test_a_leased_row_is_not_claimed_twice(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+    engine, runner, _ = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/a"), ("telegram:2", "telegram:2/a")])
+    first = await InboxWorker(engine, runner, owner="a").claim(10)
+    second = await InboxWorker(engine, runner, owner="b").claim(10)
+    assert len(first) == 2
+    assert second == []
+
+
+async def test_callback_queries_are_always_answered(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+    engine, runner, _ = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/btn")], callback_query_id="cbq-9")
+    assert await InboxWorker(engine, runner).run_until_idle() == 1
+    kinds = await table(engine, select(OutboxRow.kind, OutboxRow.target_json).order_by(OutboxRow.id))
+    assert [k for k, _ in kinds] == ["answer_callback", "text"]
+    assert kinds[0][1] == {"id": "cbq-9"}
