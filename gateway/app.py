@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -48,6 +49,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 # Nobody else can see an in-memory database, so the app migrates its own.
                 await migrations.upgrade(services.engine)
             await services.start()
+            # The objects of start-up live as long as the process: keep the collector from rescanning them.
+            gc.freeze()
             _log_platforms(settings, services)
             log.info("gateway_started", database=safe_url(database_url), schema_head=schema_head)
             webhooks = Webhooks(

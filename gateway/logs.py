@@ -74,7 +74,12 @@ def configure_logging(
     shared.append(SecretRedactor(secrets))  # last, so tracebacks rendered above are scrubbed too
 
     structlog.configure(
-        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        # Drop events below the level before any processor runs (each costs microseconds per request).
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,  # tests reconfigure; a cached logger would keep old settings

@@ -6,7 +6,7 @@ worker turns messages into agent turns.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -115,12 +115,31 @@ class InboundMessage:
         return self.conversation.session_id
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, for the inbox row the worker reads back."""
-        data = asdict(self)
-        data["kind"] = self.kind.value
-        data["timestamp"] = self.timestamp.isoformat()
-        data["session_id"] = self.session_id
-        return data
+        """JSON-ready, for the inbox row the worker reads back (the raw update is shared, not copied)."""
+        return {
+            "platform": self.platform,
+            "message_id": self.message_id,
+            "dedup_key": self.dedup_key,
+            "conversation": {
+                "platform": self.conversation.platform,
+                "chat_id": self.conversation.chat_id,
+                "scope": self.conversation.scope,
+                "thread_id": self.conversation.thread_id,
+            },
+            "session_id": self.session_id,
+            "kind": self.kind.value,
+            "timestamp": self.timestamp.isoformat(),
+            "user_id": self.user_id,
+            "user_name": self.user_name,
+            "phone": self.phone,
+            "text": self.text,
+            "media": None if self.media is None else vars(self.media).copy(),
+            "location": None if self.location is None else vars(self.location).copy(),
+            "reply_to_id": self.reply_to_id,
+            "addressed_to_bot": self.addressed_to_bot,
+            "callback_query_id": self.callback_query_id,
+            "raw": self.raw,
+        }
 
     @property
     def chat_id(self) -> str:

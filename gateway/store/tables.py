@@ -128,7 +128,7 @@ class InboxRow(Base):
     finished_at: Mapped[datetime | None]
 
     __table_args__ = (
-        Index(None, "status", "next_attempt_at"),  # what is claimable
+        Index(None, "status", "id"),  # what is claimable, oldest first, without sorting the backlog
         Index(None, "session_id", "id"),  # a conversation in arrival order
     )
 

@@ -136,17 +136,38 @@ class InboxWorker:
             .order_by(InboxRow.id)
             .limit(limit)
         )
+        lease = {"lease_owner": self.owner, "lease_until": now + self.lease}
         if self._postgres:
-            query = query.with_for_update(skip_locked=True, of=InboxRow)
+            # Row locks, not a database lock: claim in one transaction, skipping rows others are claiming.
+            async with self.engine.begin() as conn:
+                rows = [
+                    ClaimedRow(*row)
+                    for row in await conn.execute(query.with_for_update(skip_locked=True, of=InboxRow))
+                ]
+                if rows:
+                    await conn.execute(
+                        update(InboxRow).where(InboxRow.id.in_([r.id for r in rows])).values(**lease)
+                    )
+            return rows
+        # SQLite has one write lock for the whole file, which the webhooks need for their acks: look for
+        # rows without it, then take the lease in a short write, only on rows still free.
+        async with self.engine.connect() as conn:
+            candidates = [ClaimedRow(*row) for row in await conn.execute(query)]
+        if not candidates:
+            return []
         async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
-            rows = [ClaimedRow(*row) for row in await conn.execute(query)]
-            if rows:
-                await conn.execute(
-                    update(InboxRow)
-                    .where(InboxRow.id.in_([r.id for r in rows]))
-                    .values(lease_owner=self.owner, lease_until=now + self.lease)
+            taken = await conn.execute(
+                update(InboxRow)
+                .where(
+                    InboxRow.id.in_([r.id for r in candidates]),
+                    InboxRow.status == "pending",
+                    or_(InboxRow.lease_until.is_(None), InboxRow.lease_until < now),
                 )
-        return rows
+                .values(**lease)
+                .returning(InboxRow.id)
+            )
+            ids = set(taken.scalars())
+        return [row for row in candidates if row.id in ids]
 
     async def process(self, row: ClaimedRow) -> None:
         message = row.message

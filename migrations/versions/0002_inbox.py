@@ -40,9 +40,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_chatflow_inbox")),
         sa.UniqueConstraint("dedup_key", name=op.f("uq_chatflow_inbox_dedup_key")),
     )
-    op.create_index(
-        op.f("ix_chatflow_inbox_status_next_attempt_at"), "chatflow_inbox", ["status", "next_attempt_at"]
-    )
+    op.create_index(op.f("ix_chatflow_inbox_status_id"), "chatflow_inbox", ["status", "id"])
     op.create_index(op.f("ix_chatflow_inbox_session_id_id"), "chatflow_inbox", ["session_id", "id"])
 
 

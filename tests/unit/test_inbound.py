@@ -85,3 +85,23 @@ def test_default_turn_kinds_follow_the_documented_split() -> None:
 )
 def test_agent_text(msg: InboundMessage, text: str) -> None:
     assert agent_text(msg) == text
+
+
+def test_to_dict_is_json_ready_and_complete() -> None:
+    import json
+    from dataclasses import fields
+
+    msg = message(
+        MessageKind.IMAGE,
+        media=MediaRef("m1", "image/jpeg", caption="c"),
+        location=Location(1.0, 2.0),
+        raw={"update_id": 1},
+        conversation=ConversationKey("telegram", "42", thread_id="7"),
+    )
+    data = json.loads(json.dumps(msg.to_dict()))
+    assert {f.name for f in fields(InboundMessage)} <= set(data)
+    assert data["session_id"] == "telegram:42:7"
+    assert data["kind"] == "image"
+    assert data["media"] == {"id": "m1", "mime_type": "image/jpeg", "caption": "c", "file_name": None}
+    assert data["conversation"]["thread_id"] == "7"
+    assert data["timestamp"] == NOW.isoformat()
