@@ -61,7 +61,7 @@ def build_services(settings: Settings) -> Services:
         adapters=enabled_adapters(settings),
         ingest=IngestWriter(engine, thread, settings.dedup_ttl_hours),
         sqlite_thread=thread,
-        worker=InboxWorker(engine, build_runner(settings, engine)),
+        worker=InboxWorker(engine, build_runner(settings, engine, thread)),
     )
 
 
@@ -79,9 +79,14 @@ def load_agent(spec: str) -> Agent:
     return agent
 
 
-def build_runner(settings: Settings, engine: AsyncEngine) -> Runner:
-    """The configured agent graph on an SQL session store sharing the service's engine."""
+def build_runner(
+    settings: Settings, engine: AsyncEngine, sqlite_thread: SQLiteThread | None = None
+) -> Runner:
+    """The configured agent graph on an SQL session store sharing the service's engine (and writer)."""
     store = SQLSessionStore(
-        engine, default_max_turns=settings.max_turns, dedup_ttl_hours=settings.dedup_ttl_hours
+        engine,
+        default_max_turns=settings.max_turns,
+        dedup_ttl_hours=settings.dedup_ttl_hours,
+        sqlite_thread=sqlite_thread,
     )
     return Runner(load_agent(settings.agent), store, model_factory=model_factory_from_settings(settings))

@@ -53,7 +53,10 @@ class SQLSessionStore(BaseSessionStore):
         dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
         *,
         default_title: str = DEFAULT_TITLE,
+        sqlite_thread: SQLiteThread | None = None,
     ) -> None:
+        """`sqlite_thread`: share the service's SQLite writer thread (one connection writes, so writers
+        in one process queue there instead of in SQLite's busy handler, which sleeps)."""
         super().__init__(default_max_turns, dedup_ttl_hours, default_title=default_title)
         if isinstance(url_or_engine, AsyncEngine):
             self.engine, self._owns_engine = url_or_engine, False
@@ -69,9 +72,11 @@ class SQLSessionStore(BaseSessionStore):
         self._recent: OrderedDict[str, tuple[datetime, tuple[Message, ...]]] = OrderedDict()
         self._lock_dir = _sqlite_lock_dir(self.engine)
         sqlite_file = sqlite_file_path(self.engine.url)
-        self._io: SessionIO = (
-            SQLiteFileIO(SQLiteThread(sqlite_file)) if sqlite_file else EngineIO(self.engine)
-        )
+        self._io: SessionIO = EngineIO(self.engine)
+        if sqlite_thread is not None:
+            self._io = SQLiteFileIO(sqlite_thread, owns_thread=False)
+        elif sqlite_file is not None:
+            self._io = SQLiteFileIO(SQLiteThread(sqlite_file))
         # Each PostgreSQL session lock holds a pooled connection for the whole turn; leave the other
         # half of the pool for the turns' own reads and writes, so lock holders cannot starve them.
         self._pg_lock_slots = asyncio.Semaphore(max(1, _pool_capacity(self.engine) // 2))

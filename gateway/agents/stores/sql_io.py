@@ -226,8 +226,9 @@ _MARK = (
 class SQLiteFileIO:
     """The same statements as EngineIO, as plain SQL on the store's own sqlite3 connection."""
 
-    def __init__(self, thread: SQLiteThread) -> None:
+    def __init__(self, thread: SQLiteThread, *, owns_thread: bool = True) -> None:
         self.thread = thread
+        self._owns_thread = owns_thread
 
     async def load(self, session_id: str, known_version: datetime | None = None) -> LoadedSession | None:
         known = None if known_version is None else to_sqlite_datetime(known_version)
@@ -300,7 +301,8 @@ class SQLiteFileIO:
         return await self.thread.run(lambda conn: conn.execute(_MARK, values).rowcount == 1)
 
     async def aclose(self) -> None:
-        await self.thread.aclose()
+        if self._owns_thread:
+            await self.thread.aclose()
 
 
 async def _complete_engine(conn: AsyncConnection, completion: InboxCompletion, now: datetime) -> None:
