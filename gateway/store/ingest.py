@@ -19,6 +19,7 @@ import structlog
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.store import dedup
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.sqlite_thread import SQLiteThread, to_sqlite_datetime
 from gateway.store.tables import InboxRow, ProcessedMessageRow
@@ -137,17 +138,9 @@ class IngestWriter:
             }
             for i in first.values()
         ]
-        dialect_insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
-        statement = dialect_insert(ProcessedMessageRow).values(rows)
-        claim = statement.on_conflict_do_update(
-            index_elements=[ProcessedMessageRow.message_key],
-            set_={
-                "platform": statement.excluded.platform,
-                "processed_at": statement.excluded.processed_at,
-                "expires_at": statement.excluded.expires_at,
-            },
-            where=ProcessedMessageRow.expires_at <= now,
-        ).returning(ProcessedMessageRow.message_key)
+        dialect = self.engine.dialect.name
+        claim = dedup.claim_keys(dialect, rows, now).returning(ProcessedMessageRow.message_key)
+        dialect_insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
             claimed = set((await conn.execute(claim)).scalars())
             new = [
@@ -182,12 +175,6 @@ def _inbox_values(item: IngestItem, now: datetime) -> dict[str, Any]:
     }
 
 
-_CLAIM_KEY = (
-    "INSERT INTO chatflow_processed_messages (message_key, platform, processed_at, expires_at) "
-    "VALUES (?, ?, ?, ?) ON CONFLICT (message_key) DO UPDATE SET platform = excluded.platform, "
-    "processed_at = excluded.processed_at, expires_at = excluded.expires_at "
-    "WHERE chatflow_processed_messages.expires_at <= ?"
-)
 _INSERT_INBOX = (
     "INSERT OR IGNORE INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, text, "
     "message_json, status, attempts, next_attempt_at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"
@@ -202,9 +189,8 @@ def _commit_sqlite(
     results = []
     inbox = []
     for item in items:
-        is_new = (
-            conn.execute(_CLAIM_KEY, (item.dedup_key, item.platform, stamp, expires, stamp)).rowcount == 1
-        )
+        claim = (item.dedup_key, item.platform, stamp, expires, stamp)
+        is_new = conn.execute(dedup.CLAIM_KEY_SQLITE, claim).rowcount == 1
         results.append(is_new)
         entry = item.inbox
         if is_new and entry is not None:

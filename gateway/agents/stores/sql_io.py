@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import Insert, delete, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from gateway.store import dedup
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.sqlite_thread import SQLiteThread, from_sqlite_datetime, to_sqlite_datetime
 from gateway.store.tables import InboxRow, MessageRow, OutboxRow, ProcessedMessageRow, SessionRow
@@ -84,7 +84,6 @@ class SessionIO(Protocol):
 class EngineIO:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._postgres = engine.dialect.name == "postgresql"
 
     async def load(self, session_id: str, known_version: datetime | None = None) -> LoadedSession | None:
         async with self.engine.connect() as conn:
@@ -176,21 +175,8 @@ class EngineIO:
     async def mark(self, key: str, platform: str, now: datetime, expires_at: datetime) -> bool:
         values = {"message_key": key, "platform": platform, "processed_at": now, "expires_at": expires_at}
         async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
-            result = await conn.execute(self._upsert_expired(values, now))
+            result = await conn.execute(dedup.claim_keys(self.engine.dialect.name, [values], now))
         return bool(result.rowcount)
-
-    def _upsert_expired(self, values: dict[str, Any], now: datetime) -> Insert:
-        dialect_insert = postgresql.insert if self._postgres else sqlite.insert
-        statement = dialect_insert(ProcessedMessageRow).values(**values)
-        return statement.on_conflict_do_update(
-            index_elements=[ProcessedMessageRow.message_key],
-            set_={
-                "platform": statement.excluded.platform,
-                "processed_at": statement.excluded.processed_at,
-                "expires_at": statement.excluded.expires_at,
-            },
-            where=ProcessedMessageRow.expires_at <= now,
-        )
 
     async def aclose(self) -> None:
         """The engine belongs to the store."""
@@ -215,12 +201,6 @@ _INSERT_MESSAGE = (
     "VALUES (?, ?, ?, ?, ?)"
 )
 _IS_PROCESSED = "SELECT 1 FROM chatflow_processed_messages WHERE message_key = ? AND expires_at > ?"
-_MARK = (
-    "INSERT INTO chatflow_processed_messages (message_key, platform, processed_at, expires_at) "
-    "VALUES (?, ?, ?, ?) ON CONFLICT (message_key) DO UPDATE SET platform = excluded.platform, "
-    "processed_at = excluded.processed_at, expires_at = excluded.expires_at "
-    "WHERE chatflow_processed_messages.expires_at <= ?"
-)
 
 
 class SQLiteFileIO:
@@ -298,7 +278,7 @@ class SQLiteFileIO:
         stamp = to_sqlite_datetime(now)
         values = (key, platform, stamp, to_sqlite_datetime(expires_at), stamp)
         # One statement commits on its own (autocommit), no BEGIN/COMMIT round needed.
-        return await self.thread.run(lambda conn: conn.execute(_MARK, values).rowcount == 1)
+        return await self.thread.run(lambda conn: conn.execute(dedup.CLAIM_KEY_SQLITE, values).rowcount == 1)
 
     async def aclose(self) -> None:
         if self._owns_thread:
