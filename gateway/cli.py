@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+import httpx
 import structlog
 import uvicorn
 from alembic.util.exc import CommandError
@@ -21,6 +22,7 @@ from gateway.app import create_app
 from gateway.bootstrap import build_runner, load_agent
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
+from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
 from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations
 from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping
@@ -30,6 +32,13 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
 SHUTDOWN_GRACE_SECONDS = 25
 T = TypeVar("T")
+WEBHOOK_INFO_FIELDS = (
+    "url",
+    "pending_update_count",
+    "last_error_date",
+    "last_error_message",
+    "max_connections",
+)
 
 log = structlog.get_logger("gateway.cli")
 
@@ -51,6 +60,20 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("worker", help="run only the inbox worker (no HTTP), e.g. as a separate deployment")
+
+    telegram = commands.add_parser("telegram", help="the bot's webhook registration").add_subparsers(
+        dest="telegram_command", required=True, metavar="ACTION"
+    )
+    set_webhook = telegram.add_parser(
+        "set-webhook", help="point the bot at URL (…/webhooks/telegram is added)"
+    )
+    set_webhook.add_argument("url", help="the gateway's public HTTPS URL")
+    set_webhook.add_argument(
+        "--drop-pending", action="store_true", help="discard updates Telegram still holds"
+    )
+    telegram.add_parser(
+        "webhook-info", help="what Telegram knows of the webhook (pending updates, last error)"
+    )
 
     chat = commands.add_parser("chat", help="talk to the configured agent in the terminal")
     chat.add_argument("--session", help="session id to resume or create (default: a new cli:<random> id)")
@@ -103,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(settings, args)
+        if args.command == "telegram":
+            return asyncio.run(_telegram(settings, args))
         if args.command == "worker":
             load_agent(settings.agent)
             return _with_engine(settings, lambda engine: _worker(settings, engine))
@@ -185,6 +210,42 @@ async def _worker(settings: Settings, engine: AsyncEngine) -> int:
         await runner.session_store.aclose()
     log.info("worker_stopped", owner=worker.owner)
     return EXIT_OK
+
+
+async def _telegram(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.telegram_bot_token is None or settings.telegram_secret_token is None:
+        raise SettingsError(
+            "invalid setting GATEWAY_TELEGRAM_BOT_TOKEN / GATEWAY_TELEGRAM_SECRET_TOKEN: both are needed"
+        )
+    async with httpx.AsyncClient(timeout=30) as client:
+        api = TelegramAPI(settings.telegram_bot_token.get_secret_value(), settings.telegram_api_base, client)
+        try:
+            if args.telegram_command == "set-webhook":
+                url = _telegram_webhook_url(args.url)
+                secret = settings.telegram_secret_token.get_secret_value()
+                await api.set_webhook(url, secret, drop_pending_updates=args.drop_pending)
+                print(f"webhook set to {url}")
+            else:
+                info = await api.get_webhook_info()
+                for key in (
+                    "url",
+                    "pending_update_count",
+                    "last_error_date",
+                    "last_error_message",
+                    "max_connections",
+                ):
+                    if key in info:
+                        print(f"{key}: {info[key]}")
+        except TelegramAPIError as exc:
+            raise CommandFailed(str(exc)) from None
+    return EXIT_OK
+
+
+def _telegram_webhook_url(url: str) -> str:
+    """A bare base URL gets the gateway's route appended; a full URL is kept as given."""
+    if not url.startswith(("https://", "http://")):
+        raise CommandFailed(f"not a URL: {url!r} (Telegram needs https://…)")
+    return url if url.rstrip("/").endswith("/webhooks/telegram") else url.rstrip("/") + "/webhooks/telegram"
 
 
 async def _purge(engine: AsyncEngine) -> int:

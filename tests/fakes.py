@@ -6,6 +6,7 @@ sent. The fakes run in the server's thread while the test appends to the script 
 only use thread-safe containers (deque appends and pops, list appends).
 
 - `FakeOpenAI`: an OpenAI-compatible Chat Completions server (`POST /v1/chat/completions`).
+- `FakeTelegram`: the Bot API (`POST /bot<token>/<method>`).
 """
 
 from __future__ import annotations
@@ -162,3 +163,33 @@ async def _wait_for_disconnect(request: Request) -> None:
     # Once the body is read, the ASGI server's receive() only returns when the client goes away.
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+class FakeTelegram:
+    """A fake Bot API: `POST /bot<token>/<method>` answers per method, `{"ok": true}` by default."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.requests: list[RecordedRequest] = []
+        self.results: dict[str, Any] = {}
+        self.errors: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    @property
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/bot{token}/{method}", self._handle, methods=["POST"])])
+
+    async def _handle(self, request: Request) -> Response:
+        if request.path_params["token"] != self.token:
+            return JSONResponse(
+                {"ok": False, "error_code": 401, "description": "Unauthorized"}, status_code=401
+            )
+        method = request.path_params["method"]
+        body = await request.json()
+        self.requests.append(RecordedRequest("POST", method, dict(request.headers), body))
+        if method in self.errors:
+            status, error = self.errors[method]
+            return JSONResponse({"ok": False, **error}, status_code=status)
+        return JSONResponse({"ok": True, "result": self.results.get(method, True)})
+
+    def calls(self, method: str) -> list[Any]:
+        return [r.json for r in self.requests if r.path == method]

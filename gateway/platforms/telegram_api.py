@@ -1,0 +1,73 @@
+"""A small Bot API client: one method call per request, errors with Telegram's code and description.
+
+Used by `gateway telegram set-webhook|webhook-info` now, and by delivery (sendMessage,
+answerCallbackQuery) next. The token is part of the URL, so URLs are never logged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gateway.errors import GatewayError
+
+# The update kinds the Telegram adapter acts on or records; what setWebhook asks Telegram to send.
+ALLOWED_UPDATES = (
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+    "callback_query",
+    "my_chat_member",
+    "message_reaction",
+)
+
+
+class TelegramAPIError(GatewayError):
+    def __init__(
+        self, method: str, code: int | None, description: str, retry_after: float | None = None
+    ) -> None:
+        super().__init__(f"Telegram {method} failed ({code}): {description}")
+        self.code = code
+        self.description = description
+        self.retry_after = retry_after
+
+
+class TelegramAPI:
+    def __init__(self, token: str, api_base: str, client: httpx.AsyncClient) -> None:
+        self._url = f"{api_base.rstrip('/')}/bot{token}"
+        self._client = client
+
+    def __repr__(self) -> str:
+        return "TelegramAPI(<token hidden>)"
+
+    async def call(self, method: str, **params: Any) -> Any:
+        """POST one method; its `result`, or TelegramAPIError with Telegram's code and description."""
+        try:
+            response = await self._client.post(f"{self._url}/{method}", json=params)
+        except httpx.HTTPError as exc:  # the message of some httpx errors holds the URL, i.e. the token
+            raise TelegramAPIError(method, None, f"cannot reach the Bot API ({type(exc).__name__})") from None
+        try:
+            body = response.json()
+        except ValueError:
+            raise TelegramAPIError(method, response.status_code, response.text[:200]) from None
+        if not isinstance(body, dict) or not body.get("ok"):
+            data = body if isinstance(body, dict) else {}
+            retry_after = (data.get("parameters") or {}).get("retry_after")
+            code = data.get("error_code", response.status_code)
+            raise TelegramAPIError(method, code, str(data.get("description", "no description")), retry_after)
+        return body.get("result")
+
+    async def set_webhook(self, url: str, secret_token: str, *, drop_pending_updates: bool = False) -> Any:
+        return await self.call(
+            "setWebhook",
+            url=url,
+            secret_token=secret_token,
+            allowed_updates=list(ALLOWED_UPDATES),
+            drop_pending_updates=drop_pending_updates,
+        )
+
+    async def get_webhook_info(self) -> dict[str, Any]:
+        info = await self.call("getWebhookInfo")
+        return info if isinstance(info, dict) else {}
