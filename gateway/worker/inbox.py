@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import aliased
 
 from gateway.agents import Message, Runner
+from gateway.domain.text import split_message
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.tables import InboxRow
 from gateway.store.turns import InboxCompletion, LeaseLostError, OutboxEntry
@@ -257,6 +258,8 @@ def _replies(row: ClaimedRow, reply: str) -> list[OutboxEntry]:
                 row.platform, row.session_id, "answer_callback", None, {"id": message["callback_query_id"]}
             )
         )
-    if reply.strip():
-        entries.append(OutboxEntry(row.platform, row.session_id, "text", reply, target))
+    # Platforms cap a message at 4,096 characters: a longer reply goes out as several, in order.
+    entries.extend(
+        OutboxEntry(row.platform, row.session_id, "text", part, target) for part in split_message(reply)
+    )
     return entries

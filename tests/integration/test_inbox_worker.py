@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
@@ -54,7 +55,7 @@ async def add_rows(
             insert(InboxRow),
             [
                 {
-                    "dedup_key": f"k:{text}",
+                    "dedup_key": "k:" + hashlib.sha256(text.encode()).hexdigest(),
                     "platform": "telegram",
                     "session_id": session,
                     "message_id": f"{session}:{i}",
@@ -190,3 +191,16 @@ async def test_callback_queries_are_always_answered(setup: tuple[AsyncEngine, Ru
     kinds = await table(engine, select(OutboxRow.kind, OutboxRow.target_json).order_by(OutboxRow.id))
     assert [k for k, _ in kinds] == ["answer_callback", "text"]
     assert kinds[0][1] == {"id": "cbq-9"}
+
+
+async def test_a_long_reply_becomes_several_outbox_rows_in_order(
+    setup: tuple[AsyncEngine, Runner, Echo],
+) -> None:
+    engine, runner, _ = setup
+    long_text = "telegram:1/" + ("word " * 1000).strip() + "\n\n" + ("more " * 300).strip()
+    await add_rows(engine, [("telegram:1", long_text)])
+    assert await InboxWorker(engine, runner).run_until_idle() == 1
+    parts = [text for (text,) in await table(engine, select(OutboxRow.text).order_by(OutboxRow.id))]
+    assert len(parts) == 2
+    assert all(len(p) <= 4096 for p in parts)
+    assert " ".join(parts).split() == f"echo:{long_text}".split()
