@@ -1,11 +1,9 @@
 """The inbox worker: claims pending messages and runs their agent turns, one conversation at a time.
 
-A row is claimable when it is pending, due, not leased (or its lease expired), and no older row of
-its conversation is still pending. A leased row is still pending, so it holds back the younger rows
-of its conversation: conversations are answered in arrival order, whatever the number of workers or
-replicas, while different conversations run in parallel. The turn commits together with its inbox
-row (done) and its replies (outbox rows); a worker that dies before that commit leaves the row to be
-claimed again when its lease expires, and one that lost its lease commits nothing.
+Rows are claimed through store/queue.py: in arrival order within a conversation, whatever the number
+of workers or replicas, while different conversations run in parallel. The turn commits together with
+its inbox row (done) and its replies (outbox rows); a worker that dies before that commit leaves the
+row to be claimed again when its lease expires, and one that lost its lease commits nothing.
 """
 
 from __future__ import annotations
@@ -20,12 +18,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import exists, or_, select, update
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.orm import aliased
 
 from gateway.agents import Message, Runner
 from gateway.domain.text import split_message
+from gateway.store import queue
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.tables import InboxRow
 from gateway.store.turns import InboxCompletion, LeaseLostError, OutboxEntry
@@ -114,61 +112,15 @@ class InboxWorker:
             return []
 
     async def claim(self, limit: int) -> list[ClaimedRow]:
-        now = datetime.now(UTC)
-        older = aliased(InboxRow)
-        held_back = exists().where(
-            older.session_id == InboxRow.session_id, older.status == "pending", older.id < InboxRow.id
-        )
-        query = (
-            select(
-                InboxRow.id,
-                InboxRow.platform,
-                InboxRow.session_id,
-                InboxRow.text,
-                InboxRow.message_json,
-                InboxRow.attempts,
-            )
-            .where(
-                InboxRow.status == "pending",
-                InboxRow.next_attempt_at <= now,
-                or_(InboxRow.lease_until.is_(None), InboxRow.lease_until < now),
-                ~held_back,
-            )
-            .order_by(InboxRow.id)
-            .limit(limit)
-        )
-        lease = {"lease_owner": self.owner, "lease_until": now + self.lease}
-        if self._postgres:
-            # Row locks, not a database lock: claim in one transaction, skipping rows others are claiming.
-            async with self.engine.begin() as conn:
-                rows = [
-                    ClaimedRow(*row)
-                    for row in await conn.execute(query.with_for_update(skip_locked=True, of=InboxRow))
-                ]
-                if rows:
-                    await conn.execute(
-                        update(InboxRow).where(InboxRow.id.in_([r.id for r in rows])).values(**lease)
-                    )
-            return rows
-        # SQLite has one write lock for the whole file, which the webhooks need for their acks: look for
-        # rows without it, then take the lease in a short write, only on rows still free.
-        async with self.engine.connect() as conn:
-            candidates = [ClaimedRow(*row) for row in await conn.execute(query)]
-        if not candidates:
-            return []
-        async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
-            taken = await conn.execute(
-                update(InboxRow)
-                .where(
-                    InboxRow.id.in_([r.id for r in candidates]),
-                    InboxRow.status == "pending",
-                    or_(InboxRow.lease_until.is_(None), InboxRow.lease_until < now),
-                )
-                .values(**lease)
-                .returning(InboxRow.id)
-            )
-            ids = set(taken.scalars())
-        return [row for row in candidates if row.id in ids]
+        columns = [
+            InboxRow.platform,
+            InboxRow.session_id,
+            InboxRow.text,
+            InboxRow.message_json,
+            InboxRow.attempts,
+        ]
+        rows = await queue.claim(self.engine, InboxRow, columns, self.owner, self.lease, limit)
+        return [ClaimedRow(*row) for row in rows]
 
     async def process(self, row: ClaimedRow) -> None:
         message = row.message
