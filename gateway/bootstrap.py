@@ -6,19 +6,25 @@ import asyncio
 import importlib
 from dataclasses import dataclass, field
 
+import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.registry import model_factory_from_settings
 from gateway.errors import SettingsError
-from gateway.platforms.base import PlatformAdapter
+from gateway.platforms.base import PlatformAdapter, Sender
 from gateway.platforms.registry import enabled_adapters
+from gateway.platforms.telegram_api import TelegramAPI, TelegramSender
+from gateway.platforms.whatsapp_api import WhatsAppSender
 from gateway.settings import Settings
 from gateway.store.engine import create_engine, sqlite_file_path
 from gateway.store.ingest import IngestWriter
 from gateway.store.sqlite_thread import SQLiteThread
 from gateway.worker.inbox import InboxWorker
 from gateway.worker.maintenance import purge_dedup_keys_periodically
+from gateway.worker.outbound import OutboxDelivery
+
+HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms
 
 
 @dataclass(frozen=True)
@@ -31,12 +37,15 @@ class Services:
     ingest: IngestWriter
     sqlite_thread: SQLiteThread | None
     worker: InboxWorker
+    delivery: OutboxDelivery
+    http: httpx.AsyncClient
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
         await self.ingest.start()
         self.tasks.append(asyncio.create_task(purge_dedup_keys_periodically(self.engine), name="dedup-purge"))
         self.tasks.append(asyncio.create_task(self.worker.run(), name="inbox-worker"))
+        self.tasks.append(asyncio.create_task(self.delivery.run(), name="outbox-delivery"))
 
     async def aclose(self) -> None:
         for task in self.tasks:
@@ -45,6 +54,7 @@ class Services:
         self.tasks.clear()
         await self.ingest.stop()
         await self.worker.runner.session_store.aclose()
+        await self.http.aclose()
         if self.sqlite_thread is not None:
             await self.sqlite_thread.aclose()
         await self.engine.dispose()
@@ -55,14 +65,30 @@ def build_services(settings: Settings) -> Services:
     path = sqlite_file_path(engine.url)
     # SQLite files take the webhooks' writes on a dedicated sqlite3 thread, one hop per batch.
     thread = SQLiteThread(path) if path is not None else None
+    http = httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS)
+    delivery = OutboxDelivery(engine, build_senders(settings, http))
     return Services(
         settings=settings,
         engine=engine,
         adapters=enabled_adapters(settings),
         ingest=IngestWriter(engine, thread, settings.dedup_ttl_hours),
         sqlite_thread=thread,
-        worker=InboxWorker(engine, build_runner(settings, engine, thread)),
+        worker=InboxWorker(engine, build_runner(settings, engine, thread), on_committed=delivery.wake),
+        delivery=delivery,
+        http=http,
     )
+
+
+def build_senders(settings: Settings, http: httpx.AsyncClient) -> dict[str, Sender]:
+    """A sender per platform that has its sending token; the others are dry-run."""
+    senders: dict[str, Sender] = {}
+    if settings.telegram_bot_token is not None:
+        api = TelegramAPI(settings.telegram_bot_token.get_secret_value(), settings.telegram_api_base, http)
+        senders["telegram"] = TelegramSender(api)
+    if settings.whatsapp_access_token is not None:
+        token = settings.whatsapp_access_token.get_secret_value()
+        senders["whatsapp"] = WhatsAppSender(settings.whatsapp_api_base, token, http)
+    return senders
 
 
 def load_agent(spec: str) -> Agent:

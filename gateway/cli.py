@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_runner, load_agent
+from gateway.bootstrap import build_runner, build_senders, load_agent
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
 from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
@@ -27,6 +27,7 @@ from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations
 from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping
 from gateway.worker.inbox import InboxWorker
+from gateway.worker.outbound import OutboxDelivery
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
@@ -193,21 +194,24 @@ async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None)
 
 
 async def _worker(settings: Settings, engine: AsyncEngine) -> int:
-    """Claim and answer inbox rows until SIGTERM or Ctrl-C; rows in flight are handed back."""
+    """Answer inbox rows and deliver replies until SIGTERM or Ctrl-C; rows in flight are handed back."""
     await migrations.ensure_head(engine)
     runner = build_runner(settings, engine)
-    worker = InboxWorker(engine, runner)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    task = asyncio.create_task(worker.run())
-    try:
-        await stop.wait()
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await runner.session_store.aclose()
+    async with httpx.AsyncClient(timeout=30) as http:
+        delivery = OutboxDelivery(engine, build_senders(settings, http))
+        worker = InboxWorker(engine, runner, on_committed=delivery.wake)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        tasks = [asyncio.create_task(worker.run()), asyncio.create_task(delivery.run())]
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await runner.session_store.aclose()
     log.info("worker_stopped", owner=worker.owner)
     return EXIT_OK
 

@@ -7,6 +7,7 @@ only use thread-safe containers (deque appends and pops, list appends).
 
 - `FakeOpenAI`: an OpenAI-compatible Chat Completions server (`POST /v1/chat/completions`).
 - `FakeTelegram`: the Bot API (`POST /bot<token>/<method>`).
+- `FakeWhatsApp`: the Graph API's send endpoint (`POST /<phone_number_id>/messages`).
 """
 
 from __future__ import annotations
@@ -193,3 +194,24 @@ class FakeTelegram:
 
     def calls(self, method: str) -> list[Any]:
         return [r.json for r in self.requests if r.path == method]
+
+
+class FakeWhatsApp:
+    """`POST /<phone_number_id>/messages`: answers a wamid, or the scripted errors first."""
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self.errors: deque[tuple[int, dict[str, Any]]] = deque()
+
+    @property
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/{phone_number_id}/messages", self._handle, methods=["POST"])])
+
+    async def _handle(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(RecordedRequest("POST", request.url.path, dict(request.headers), body))
+        if self.errors:
+            status, error = self.errors.popleft()
+            return JSONResponse({"error": error}, status_code=status)
+        wamid = f"wamid.out{len(self.requests)}"
+        return JSONResponse({"messaging_product": "whatsapp", "messages": [{"id": wamid}]})

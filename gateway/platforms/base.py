@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gateway.domain.inbound import ParsedUpdate
+from gateway.errors import GatewayError
 
 
 class PlatformAdapter(Protocol):
@@ -25,4 +26,26 @@ class PlatformAdapter(Protocol):
     def parse(self, payload: dict[str, Any]) -> ParsedUpdate:
         """Normalize one webhook body. Unknown or irrelevant shapes give an empty ParsedUpdate; never raises
         for any JSON object (a platform must never be told to retry a payload we cannot use)."""
+        ...
+
+
+class DeliveryError(GatewayError):
+    """A send the platform refused or that did not go through.
+
+    `permanent` errors (blocked bot, outside the 24-hour window, bad request) are not retried;
+    others are, after `retry_after` seconds when the platform said so.
+    """
+
+    def __init__(
+        self, message: str, *, permanent: bool, code: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+        self.code = code
+        self.retry_after = retry_after
+
+
+class Sender(Protocol):
+    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
+        """Deliver one outbox row; the platform's message id when it gives one. DeliveryError otherwise."""
         ...

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from gateway.errors import GatewayError
+from gateway.platforms.base import DeliveryError
 
 # The update kinds the Telegram adapter acts on or records; what setWebhook asks Telegram to send.
 ALLOWED_UPDATES = (
@@ -71,3 +72,27 @@ class TelegramAPI:
     async def get_webhook_info(self) -> dict[str, Any]:
         info = await self.call("getWebhookInfo")
         return info if isinstance(info, dict) else {}
+
+
+class TelegramSender:
+    """Outbox rows to Bot API calls: sendMessage (in the topic it came from) and answerCallbackQuery."""
+
+    def __init__(self, api: TelegramAPI) -> None:
+        self.api = api
+
+    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
+        try:
+            if kind == "answer_callback":
+                await self.api.call("answerCallbackQuery", callback_query_id=target["id"])
+                return None
+            params: dict[str, Any] = {"chat_id": target["chat_id"], "text": text or ""}
+            if target.get("thread_id"):
+                params["message_thread_id"] = int(target["thread_id"])
+            result = await self.api.call("sendMessage", **params)
+        except TelegramAPIError as exc:
+            # 429 and server errors pass; 400/403 (bad request, bot blocked) will not get better.
+            permanent = exc.code is not None and 400 <= exc.code < 500 and exc.code != 429
+            raise DeliveryError(
+                str(exc), permanent=permanent, code=str(exc.code), retry_after=exc.retry_after
+            ) from None
+        return str(result["message_id"]) if isinstance(result, dict) and "message_id" in result else None

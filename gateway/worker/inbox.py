@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -57,9 +58,12 @@ class InboxWorker:
         lease_seconds: float = LEASE_SECONDS,
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
+        on_committed: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_committed` runs after each committed turn (it wakes the delivery of the replies)."""
         self.engine = engine
         self.runner = runner
+        self.on_committed = on_committed
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
@@ -145,6 +149,7 @@ class InboxWorker:
                 await self._failed(row, exc)
             else:
                 log.info("turn_committed")
+                self.on_committed()
 
     async def _release(self, row: ClaimedRow) -> None:
         try:

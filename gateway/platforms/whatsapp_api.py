@@ -1,0 +1,56 @@
+"""Sending WhatsApp replies through the Cloud API: `POST {api_base}/{phone_number_id}/messages`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gateway.platforms.base import DeliveryError
+
+# Meta's throttling and transient codes: back off and retry. Anything else is final (see platform specs).
+RETRYABLE_CODES = frozenset({4, 80007, 130429, 131000, 131056, 131057})
+
+
+class WhatsAppSender:
+    def __init__(self, api_base: str, access_token: str, client: httpx.AsyncClient) -> None:
+        self._api_base = api_base.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {access_token}"}
+        self._client = client
+
+    def __repr__(self) -> str:
+        return "WhatsAppSender(<token hidden>)"
+
+    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
+        if kind != "text":
+            return None  # WhatsApp has no callback queries to answer
+        body: dict[str, Any] = {
+            "messaging_product": "whatsapp",
+            "recipient_type": "individual",
+            "type": "text",
+            "text": {"preview_url": False, "body": text or ""},
+        }
+        if target.get("phone"):
+            body["to"] = target["phone"]
+        else:
+            body["recipient"] = target.get("user_id") or target.get("chat_id")  # a business-scoped user id
+        url = f"{self._api_base}/{target['scope']}/messages"
+        try:
+            response = await self._client.post(url, json=body, headers=self._headers)
+        except httpx.HTTPError as exc:
+            raise DeliveryError(
+                f"cannot reach the Graph API ({type(exc).__name__})", permanent=False
+            ) from None
+        try:
+            data = response.json()
+        except ValueError:
+            data = {}
+        if response.status_code == 200 and data.get("messages"):
+            return str(data["messages"][0].get("id"))
+        error = data.get("error") or {}
+        code = error.get("code")
+        retry = response.status_code >= 500 or response.status_code == 429 or code in RETRYABLE_CODES
+        message = (
+            f"WhatsApp send failed ({response.status_code}, code {code}): {error.get('message', '')[:200]}"
+        )
+        raise DeliveryError(message, permanent=not retry, code=None if code is None else str(code))

@@ -1,0 +1,151 @@
+"""Delivery of outbox rows to fake Telegram and WhatsApp APIs, and the whole path from a webhook."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.app import create_app
+from gateway.platforms.telegram_api import TelegramAPI, TelegramSender
+from gateway.platforms.whatsapp_api import WhatsAppSender
+from gateway.settings import Settings
+from gateway.store import migrations
+from gateway.store.engine import create_engine
+from gateway.store.tables import OutboxRow
+from gateway.worker.outbound import OutboxDelivery
+from tests.fakes import FakeTelegram, FakeWhatsApp
+from tests.helpers import serve_in_thread
+
+TOKEN = "123456:fake-token"
+PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
+
+
+@pytest.fixture
+async def migrated(engine: AsyncEngine) -> AsyncEngine:
+    await migrations.upgrade(engine)
+    return engine
+
+
+async def add_outbox(engine: AsyncEngine, platform: str, target: dict[str, Any], text: str = "hi") -> None:
+    now = datetime.now(UTC)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(OutboxRow).values(
+                platform=platform,
+                session_id=f"{platform}:1",
+                kind="text",
+                text=text,
+                target_json=target,
+                status="pending",
+                attempts=0,
+                next_attempt_at=now,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+
+
+async def outbox(engine: AsyncEngine) -> list[Any]:
+    async with engine.connect() as conn:
+        query = select(
+            OutboxRow.status, OutboxRow.platform_message_id, OutboxRow.error_code, OutboxRow.attempts
+        )
+        return list(await conn.execute(query.order_by(OutboxRow.id)))
+
+
+async def test_telegram_send_retry_and_permanent_failure(migrated: AsyncEngine) -> None:
+    fake = FakeTelegram(TOKEN)
+    fake.results["sendMessage"] = {"message_id": 77}
+    with serve_in_thread(fake.app) as base:
+        async with httpx.AsyncClient() as http:
+            delivery = OutboxDelivery(migrated, {"telegram": TelegramSender(TelegramAPI(TOKEN, base, http))})
+            await add_outbox(migrated, "telegram", {"chat_id": "42", "thread_id": "7"})
+            fake.errors["sendMessage"] = (
+                429,
+                {"error_code": 429, "description": "Too Many Requests", "parameters": {"retry_after": 3}},
+            )
+            assert await delivery.run_until_idle() == 1
+            (status, message_id, code, attempts) = (await outbox(migrated))[0]
+            assert (status, message_id, code, attempts) == ("pending", None, "429", 1)
+            assert await delivery.run_until_idle() == 0  # waits the platform's retry_after
+            del fake.errors["sendMessage"]
+            async with migrated.begin() as conn:  # time moves on
+                await conn.execute(update(OutboxRow).values(next_attempt_at=datetime.now(UTC)))
+            assert await delivery.run_until_idle() == 1
+            assert (await outbox(migrated))[0][:2] == ("sent", "77")
+            await add_outbox(migrated, "telegram", {"chat_id": "43"})
+            fake.errors["sendMessage"] = (
+                403,
+                {"error_code": 403, "description": "Forbidden: bot was blocked by the user"},
+            )
+            assert await delivery.run_until_idle() == 1
+    assert (await outbox(migrated))[1][0] == "failed"
+    assert (await outbox(migrated))[1][2] == "403"
+    sent = fake.calls("sendMessage")
+    assert sent[0] == {"chat_id": "42", "text": "hi", "message_thread_id": 7}
+
+
+async def test_whatsapp_sends_to_the_phone_or_the_business_scoped_id(migrated: AsyncEngine) -> None:
+    fake = FakeWhatsApp()
+    with serve_in_thread(fake.app) as base:
+        async with httpx.AsyncClient() as http:
+            delivery = OutboxDelivery(migrated, {"whatsapp": WhatsAppSender(base, "wa-token", http)})
+            await add_outbox(
+                migrated, "whatsapp", {"scope": "1065", "phone": "15551234567", "user_id": "US.1"}
+            )
+            await add_outbox(migrated, "whatsapp", {"scope": "1065", "phone": None, "user_id": "US.2"})
+            fake.errors.append((400, {"code": 131047, "message": "Re-engagement message"}))
+            assert await delivery.run_until_idle() == 2
+    first, second = fake.requests
+    assert first.path == "/1065/messages"
+    assert first.headers["authorization"] == "Bearer wa-token"
+    assert first.json["to"] == "15551234567"
+    assert second.json["recipient"] == "US.2"
+    assert "to" not in second.json
+    rows = await outbox(migrated)
+    assert rows[0][:3] == ("failed", None, "131047")  # outside the 24-hour window: not retried
+    assert rows[1][:2] == ("sent", "wamid.out2")
+
+
+async def test_without_a_token_replies_are_dry_run(migrated: AsyncEngine) -> None:
+    await add_outbox(migrated, "whatsapp", {"scope": "1065", "phone": "1"})
+    assert await OutboxDelivery(migrated, {}).run_until_idle() == 1
+    assert (await outbox(migrated))[0][0] == "dry_run"
+
+
+def test_the_whole_path_from_telegram_webhook_to_a_reply_at_the_fake_platform(database_url: str) -> None:
+    async def migrate() -> None:
+        engine = create_engine(database_url)
+        await migrations.upgrade(engine)
+        await engine.dispose()
+
+    asyncio.run(migrate())
+    fake = FakeTelegram(TOKEN)
+    fake.results["sendMessage"] = {"message_id": 1}
+    with serve_in_thread(fake.app) as telegram_base:
+        settings = Settings(
+            database_url=database_url,
+            telegram_secret_token="s3cret",
+            telegram_bot_token=TOKEN,
+            telegram_api_base=telegram_base,
+        )
+        with serve_in_thread(create_app(settings)) as gateway:
+            body = (PAYLOADS / "telegram" / "private_text.json").read_bytes()
+            headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret", "Content-Type": "application/json"}
+            assert (
+                httpx.post(f"{gateway}/webhooks/telegram", content=body, headers=headers).status_code == 200
+            )
+            deadline = time.monotonic() + 30
+            while not fake.calls("sendMessage") and time.monotonic() < deadline:
+                time.sleep(0.05)  # the turn and the delivery run after the ack, in the background
+    (reply,) = fake.calls("sendMessage")
+    assert str(reply["chat_id"]) in body.decode()
+    assert reply["text"]  # the demo agent's answer
