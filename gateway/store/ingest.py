@@ -16,13 +16,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
+from sqlalchemy import update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store import dedup
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.sqlite_thread import SQLiteThread, to_sqlite_datetime
-from gateway.store.tables import InboxRow, ProcessedMessageRow
+from gateway.store.tables import InboxRow, OutboxRow, ProcessedMessageRow
 
 log = structlog.get_logger(__name__)
 MAX_BATCH_ITEMS = 2000
@@ -43,11 +44,26 @@ class InboxEntry:
 
 @dataclass(frozen=True)
 class IngestItem:
-    """One dedup key to claim; `inbox` is written only when the key is new."""
+    """One dedup key to claim; `inbox` or `delivery` is written only when the key is new."""
 
     dedup_key: str
     platform: str
     inbox: InboxEntry | None = None
+    delivery: DeliveryStatus | None = None
+
+
+@dataclass(frozen=True)
+class DeliveryStatus:
+    """A platform's status of a reply we sent, applied to its outbox row (found by platform message id)."""
+
+    platform_message_id: str
+    status: str  # sent, delivered, read, played, failed
+    error_code: str | None = None
+    error_message: str | None = None
+
+
+# A status only moves a row forward: a late "delivered" does not undo "read"; "failed" always applies.
+_STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
 
 
 @dataclass
@@ -154,7 +170,35 @@ class IngestWriter:
             if inbox:
                 # A key re-claimed after its TTL keeps its old inbox row: never fail the batch on it.
                 await conn.execute(dialect_insert(InboxRow).on_conflict_do_nothing(), inbox)
+            for item, is_new in zip(items, new, strict=True):
+                if is_new and item.delivery is not None:
+                    await conn.execute(_status_update(item.platform, item.delivery, now))
         return new
+
+
+def _allowed_before(status: str) -> list[str]:
+    """The outbox statuses a new `status` may replace."""
+    if status == "failed":
+        return ["pending", "sent", "delivered", "read"]
+    rank = _STATUS_RANK.get(status, 0)
+    return ["pending", *(s for s, r in _STATUS_RANK.items() if r < rank)]
+
+
+def _status_update(platform: str, delivery: DeliveryStatus, now: datetime) -> Any:
+    return (
+        update(OutboxRow)
+        .where(
+            OutboxRow.platform == platform,
+            OutboxRow.platform_message_id == delivery.platform_message_id,
+            OutboxRow.status.in_(_allowed_before(delivery.status)),
+        )
+        .values(
+            status=delivery.status,
+            error_code=delivery.error_code,
+            error_message=delivery.error_message,
+            updated_at=now,
+        )
+    )
 
 
 def _inbox_values(item: IngestItem, now: datetime) -> dict[str, Any]:
@@ -209,4 +253,21 @@ def _commit_sqlite(
                 )
             )
     conn.executemany(_INSERT_INBOX, inbox)
+    for item, is_new in zip(items, results, strict=True):
+        if is_new and item.delivery is not None:
+            allowed = _allowed_before(item.delivery.status)
+            placeholders = ", ".join("?" * len(allowed))
+            conn.execute(
+                "UPDATE chatflow_outbox SET status = ?, error_code = ?, error_message = ?, updated_at = ? "
+                f"WHERE platform = ? AND platform_message_id = ? AND status IN ({placeholders})",
+                (
+                    item.delivery.status,
+                    item.delivery.error_code,
+                    item.delivery.error_message,
+                    stamp,
+                    item.platform,
+                    item.delivery.platform_message_id,
+                    *allowed,
+                ),
+            )
     return results

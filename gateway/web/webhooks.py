@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS
-from gateway.store.ingest import InboxEntry, IngestItem, IngestWriter
+from gateway.store.ingest import DeliveryStatus, InboxEntry, IngestItem, IngestWriter
 from gateway.web.errors import error_response, request_id_of
 
 log = structlog.get_logger(__name__)
@@ -150,8 +150,19 @@ def _ingest_items(
             status="pending" if starts_turn(message, turn_kinds) else "recorded",
         )
         items.append(IngestItem(message.dedup_key, platform, entry))
-    # Statuses and membership changes are remembered by key (so re-deliveries are dropped); applying
-    # them to outbound rows and chat reachability comes with outbound delivery.
-    items.extend(IngestItem(status.dedup_key, platform) for status in parsed.statuses)
+    # Statuses move the matching outbox row on; membership changes are only remembered by key for now.
+    items.extend(
+        IngestItem(
+            status.dedup_key,
+            platform,
+            delivery=DeliveryStatus(
+                status.message_id,
+                status.status,
+                None if status.error_code is None else str(status.error_code),
+                status.error_title,
+            ),
+        )
+        for status in parsed.statuses
+    )
     items.extend(IngestItem(change.dedup_key, platform) for change in parsed.memberships)
     return items

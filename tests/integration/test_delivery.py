@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,3 +150,61 @@ def test_the_whole_path_from_telegram_webhook_to_a_reply_at_the_fake_platform(da
     (reply,) = fake.calls("sendMessage")
     assert str(reply["chat_id"]) in body.decode()
     assert reply["text"]  # the demo agent's answer
+
+
+def test_whatsapp_statuses_move_the_sent_reply_forward_only(database_url: str) -> None:
+    from gateway.platforms.whatsapp import WhatsAppAdapter
+
+    async def prepare() -> None:
+        engine = create_engine(database_url)
+        await migrations.upgrade(engine)
+        await add_outbox(engine, "whatsapp", {"scope": "1065"})
+        async with engine.begin() as conn:
+            await conn.execute(update(OutboxRow).values(status="sent", platform_message_id="wamid.OUT1"))
+        await engine.dispose()
+
+    async def status_now() -> tuple[Any, ...]:
+        engine = create_engine(database_url)
+        rows = await outbox(engine)
+        await engine.dispose()
+        return tuple(rows[0])
+
+    def status_payload(status: str, **extra: Any) -> bytes:
+        value = {
+            "messaging_product": "whatsapp",
+            "metadata": {"display_phone_number": "15550001111", "phone_number_id": "1065"},
+            "statuses": [
+                {
+                    "id": "wamid.OUT1",
+                    "status": status,
+                    "timestamp": "1764500000",
+                    "recipient_id": "1555",
+                    **extra,
+                }
+            ],
+        }
+        payload = {
+            "object": "whatsapp_business_account",
+            "entry": [{"id": "1", "changes": [{"field": "messages", "value": value}]}],
+        }
+        return json.dumps(payload).encode()
+
+    asyncio.run(prepare())
+    settings = Settings(database_url=database_url, whatsapp_app_secret="app-secret")
+    with serve_in_thread(create_app(settings)) as gateway:
+
+        def post(body: bytes) -> None:
+            headers = {"X-Hub-Signature-256": WhatsAppAdapter.sign("app-secret", body)}
+            assert (
+                httpx.post(f"{gateway}/webhooks/whatsapp", content=body, headers=headers).status_code == 200
+            )
+
+        post(status_payload("read"))
+        assert asyncio.run(status_now())[0] == "read"
+        post(status_payload("delivered"))  # arrives late: must not undo "read"
+        assert asyncio.run(status_now())[0] == "read"
+        error = {"code": 131047, "title": "Re-engagement message"}
+        post(status_payload("failed", errors=[error]))
+    final = asyncio.run(status_now())
+    assert final[0] == "failed"
+    assert final[2] == "131047"
