@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.store import dedup
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.sqlite_thread import SQLiteThread, to_sqlite_datetime
-from gateway.store.tables import InboxRow, OutboxRow, ProcessedMessageRow
+from gateway.store.tables import ChatRow, InboxRow, OutboxRow, ProcessedMessageRow
 
 log = structlog.get_logger(__name__)
 MAX_BATCH_ITEMS = 2000
@@ -50,6 +50,17 @@ class IngestItem:
     platform: str
     inbox: InboxEntry | None = None
     delivery: DeliveryStatus | None = None
+    chat: ChatState | None = None
+
+
+@dataclass(frozen=True)
+class ChatState:
+    """Whether the bot may send to a chat, as of `changed_at` (a later change always wins)."""
+
+    chat_id: str
+    reachable: bool
+    membership: str
+    changed_at: datetime
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,8 @@ class IngestWriter:
             for item, is_new in zip(items, new, strict=True):
                 if is_new and item.delivery is not None:
                     await conn.execute(_status_update(item.platform, item.delivery, now))
+                if is_new and item.chat is not None:
+                    await conn.execute(_chat_upsert(dialect_insert, item.platform, item.chat))
         return new
 
 
@@ -199,6 +212,34 @@ def _status_update(platform: str, delivery: DeliveryStatus, now: datetime) -> An
             updated_at=now,
         )
     )
+
+
+def _chat_upsert(dialect_insert: Any, platform: str, chat: ChatState) -> Any:
+    statement = dialect_insert(ChatRow).values(
+        platform=platform,
+        chat_id=chat.chat_id,
+        reachable=chat.reachable,
+        membership=chat.membership,
+        updated_at=chat.changed_at,
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[ChatRow.platform, ChatRow.chat_id],
+        set_={
+            "reachable": statement.excluded.reachable,
+            "membership": statement.excluded.membership,
+            "updated_at": statement.excluded.updated_at,
+        },
+        where=ChatRow.updated_at <= statement.excluded.updated_at,
+    )
+
+
+_UPSERT_CHAT = (
+    "INSERT INTO chatflow_chats (platform, chat_id, reachable, membership, updated_at) "
+    "VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (platform, chat_id) DO UPDATE SET reachable = excluded.reachable, "
+    "membership = excluded.membership, updated_at = excluded.updated_at "
+    "WHERE chatflow_chats.updated_at <= excluded.updated_at"
+)
 
 
 def _inbox_values(item: IngestItem, now: datetime) -> dict[str, Any]:
@@ -270,4 +311,14 @@ def _commit_sqlite(
                     *allowed,
                 ),
             )
+        if is_new and item.chat is not None:
+            chat = item.chat
+            values = (
+                item.platform,
+                chat.chat_id,
+                chat.reachable,
+                chat.membership,
+                to_sqlite_datetime(chat.changed_at),
+            )
+            conn.execute(_UPSERT_CHAT, values)
     return results

@@ -165,3 +165,15 @@ class OutboxRow(Base):
         Index(None, "status", "next_attempt_at"),
         Index(None, "session_id", "id"),
     )
+
+
+class ChatRow(Base):
+    """What the gateway knows of a chat beyond its messages: whether it may still send there."""
+
+    __tablename__ = "chatflow_chats"
+
+    platform: Mapped[str] = mapped_column(String(32), primary_key=True)
+    chat_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    reachable: Mapped[bool]
+    membership: Mapped[str] = mapped_column(String(32))  # the platform's word, e.g. kicked, member
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

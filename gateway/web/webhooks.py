@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS
-from gateway.store.ingest import DeliveryStatus, InboxEntry, IngestItem, IngestWriter
+from gateway.store.ingest import ChatState, DeliveryStatus, InboxEntry, IngestItem, IngestWriter
 from gateway.web.errors import error_response, request_id_of
 
 log = structlog.get_logger(__name__)
@@ -150,7 +150,7 @@ def _ingest_items(
             status="pending" if starts_turn(message, turn_kinds) else "recorded",
         )
         items.append(IngestItem(message.dedup_key, platform, entry))
-    # Statuses move the matching outbox row on; membership changes are only remembered by key for now.
+    # Statuses move the matching outbox row on; membership changes say whether the chat can be sent to.
     items.extend(
         IngestItem(
             status.dedup_key,
@@ -164,5 +164,12 @@ def _ingest_items(
         )
         for status in parsed.statuses
     )
-    items.extend(IngestItem(change.dedup_key, platform) for change in parsed.memberships)
+    items.extend(
+        IngestItem(
+            change.dedup_key,
+            platform,
+            chat=ChatState(change.chat_id, change.reachable, change.status, change.timestamp),
+        )
+        for change in parsed.memberships
+    )
     return items

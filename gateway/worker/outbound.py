@@ -18,13 +18,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.platforms.base import DeliveryError, Sender
 from gateway.store import queue
 from gateway.store.engine import SQLITE_IMMEDIATE
-from gateway.store.tables import OutboxRow
+from gateway.store.tables import ChatRow, OutboxRow
 
 log = structlog.get_logger(__name__)
 
@@ -96,6 +96,17 @@ class OutboxDelivery:
         target: dict[str, Any],
         attempts: int,
     ) -> None:
+        if not await self._reachable(platform, target):
+            log.warning(
+                "reply_skipped_unreachable", outbox_id=row_id, platform=platform, session_id=session_id
+            )
+            await self._finish(
+                row_id,
+                status="failed",
+                error_code="unreachable",
+                error_message="the bot was removed or blocked",
+            )
+            return
         sender = self.senders.get(platform)
         if sender is None:
             log.info(
@@ -120,6 +131,17 @@ class OutboxDelivery:
             return
         await self._finish(row_id, status="sent", platform_message_id=message_id)
         log.info("reply_sent", outbox_id=row_id, platform=platform, session_id=session_id, kind=kind)
+
+    async def _reachable(self, platform: str, target: dict[str, Any]) -> bool:
+        """False once the platform said the bot was removed from (or blocked in) the chat."""
+        chat_id = target.get("chat_id")
+        if chat_id is None:
+            return True
+        async with self.engine.connect() as conn:
+            reachable = await conn.scalar(
+                select(ChatRow.reachable).where(ChatRow.platform == platform, ChatRow.chat_id == str(chat_id))
+            )
+        return reachable is not False
 
     async def _finish(self, row_id: int, **values: Any) -> None:
         now = datetime.now(UTC)

@@ -208,3 +208,31 @@ def test_whatsapp_statuses_move_the_sent_reply_forward_only(database_url: str) -
     final = asyncio.run(status_now())
     assert final[0] == "failed"
     assert final[2] == "131047"
+
+
+def test_a_bot_kicked_from_a_chat_sends_nothing_there_until_it_is_back(database_url: str) -> None:
+    kicked = (PAYLOADS / "telegram" / "my_chat_member_kicked.json").read_bytes()
+    member = (PAYLOADS / "telegram" / "my_chat_member_member.json").read_bytes()
+    chat_id = str(json.loads(kicked)["my_chat_member"]["chat"]["id"])
+
+    async def prepare() -> None:
+        engine = create_engine(database_url)
+        await migrations.upgrade(engine)
+        await engine.dispose()
+
+    async def deliver_one() -> str:
+        engine = create_engine(database_url)
+        await add_outbox(engine, "telegram", {"chat_id": chat_id})
+        await OutboxDelivery(engine, {}).run_until_idle()  # dry-run unless unreachable
+        status = (await outbox(engine))[-1][0]
+        await engine.dispose()
+        return str(status)
+
+    asyncio.run(prepare())
+    settings = Settings(database_url=database_url, telegram_secret_token="s3cret")
+    headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret"}
+    with serve_in_thread(create_app(settings)) as gateway:
+        assert httpx.post(f"{gateway}/webhooks/telegram", content=kicked, headers=headers).status_code == 200
+        assert asyncio.run(deliver_one()) == "failed"
+        assert httpx.post(f"{gateway}/webhooks/telegram", content=member, headers=headers).status_code == 200
+        assert asyncio.run(deliver_one()) == "dry_run"
