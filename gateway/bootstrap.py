@@ -23,6 +23,7 @@ from gateway.store.sqlite_thread import SQLiteThread
 from gateway.worker.inbox import InboxWorker
 from gateway.worker.maintenance import purge_dedup_keys_periodically
 from gateway.worker.outbound import OutboxDelivery
+from gateway.worker.pacing import PacingLimits
 
 HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms
 
@@ -66,7 +67,7 @@ def build_services(settings: Settings) -> Services:
     # SQLite files take the webhooks' writes on a dedicated sqlite3 thread, one hop per batch.
     thread = SQLiteThread(path) if path is not None else None
     http = httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS)
-    delivery = OutboxDelivery(engine, build_senders(settings, http))
+    delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
     return Services(
         settings=settings,
         engine=engine,
@@ -76,6 +77,15 @@ def build_services(settings: Settings) -> Services:
         worker=InboxWorker(engine, build_runner(settings, engine, thread), on_committed=delivery.wake),
         delivery=delivery,
         http=http,
+    )
+
+
+def build_pacing(settings: Settings) -> PacingLimits:
+    return PacingLimits(
+        settings.telegram_chat_per_second,
+        settings.telegram_group_per_minute,
+        settings.telegram_global_per_second,
+        settings.whatsapp_global_per_second,
     )
 
 

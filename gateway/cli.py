@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_runner, build_senders, load_agent
+from gateway.bootstrap import build_pacing, build_runner, build_senders, load_agent
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
 from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
@@ -198,7 +198,7 @@ async def _worker(settings: Settings, engine: AsyncEngine) -> int:
     await migrations.ensure_head(engine)
     runner = build_runner(settings, engine)
     async with httpx.AsyncClient(timeout=30) as http:
-        delivery = OutboxDelivery(engine, build_senders(settings, http))
+        delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
         worker = InboxWorker(engine, runner, on_committed=delivery.wake)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -92,6 +92,14 @@ class Settings(BaseSettings):
         default=192, gt=0, description="How long message keys are remembered (WhatsApp retries for 7 days)."
     )
     max_turns: int = Field(default=40, ge=1, description="Complete turns kept per conversation.")
+    telegram_chat_per_second: float = Field(default=1, ge=0, description="Sends per private chat per second.")
+    telegram_group_per_minute: float = Field(default=20, ge=0, description="Sends per group chat per minute.")
+    telegram_global_per_second: float = Field(
+        default=30, ge=0, description="Telegram sends per second overall."
+    )
+    whatsapp_global_per_second: float = Field(
+        default=80, ge=0, description="WhatsApp sends per second overall."
+    )
 
     @field_validator("model")
     @classmethod

@@ -25,6 +25,7 @@ from gateway.platforms.base import DeliveryError, Sender
 from gateway.store import queue
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.tables import ChatRow, OutboxRow
+from gateway.worker.pacing import Pacer, PacingLimits
 
 log = structlog.get_logger(__name__)
 
@@ -43,9 +44,13 @@ class OutboxDelivery:
         concurrency: int = 8,
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
+        pacing: PacingLimits | None = None,
     ) -> None:
+        """`pacing`: the platforms' rate limits to stay under (None: send as fast as claimed)."""
         self.engine = engine
         self.senders = senders
+        self.pacing = pacing
+        self._pacer = Pacer()
         self.concurrency = concurrency
         self.max_attempts = max_attempts
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}:out"
@@ -119,6 +124,10 @@ class OutboxDelivery:
             )
             await self._finish(row_id, status="dry_run")
             return
+        if self.pacing is not None and kind == "text":
+            delay = self._pacer.reserve(self.pacing.limits(platform, target))
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
         try:
             message_id = await sender.send(kind, text, target)
         except DeliveryError as exc:
