@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from gateway.bootstrap import Services, build_services
+from gateway.bootstrap import Services, build_services, turn_kinds
 from gateway.logs import configure_logging
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, SENDING_SETTING, sends_for_real
 from gateway.settings import Settings, load_settings
@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 max_body_bytes=settings.max_body_bytes,
                 whatsapp_verify_token=_secret(settings.whatsapp_verify_token),
                 on_pending=services.worker.wake,
+                turn_kinds=turn_kinds(settings),
             )
             yield {
                 "engine": services.engine,

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.registry import model_factory_from_settings
+from gateway.domain.inbound import MessageKind
 from gateway.errors import SettingsError
 from gateway.platforms.base import PlatformAdapter, Sender
 from gateway.platforms.registry import enabled_adapters
@@ -99,6 +100,18 @@ def build_senders(settings: Settings, http: httpx.AsyncClient) -> dict[str, Send
         token = settings.whatsapp_access_token.get_secret_value()
         senders["whatsapp"] = WhatsAppSender(settings.whatsapp_api_base, token, http)
     return senders
+
+
+def turn_kinds(settings: Settings) -> frozenset[MessageKind]:
+    """GATEWAY_TURN_KINDS as message kinds; SettingsError naming the setting for an unknown one."""
+    known = {kind.value for kind in MessageKind}
+    unknown = [kind for kind in settings.turn_kinds if kind not in known]
+    if unknown:
+        names = ", ".join(sorted(known))
+        raise SettingsError(
+            f"invalid setting GATEWAY_TURN_KINDS: unknown kind {unknown[0]!r} (known: {names})"
+        )
+    return frozenset(MessageKind(kind) for kind in settings.turn_kinds)
 
 
 def load_agent(spec: str) -> Agent:

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_pacing, build_runner, build_senders, load_agent
+from gateway.bootstrap import build_pacing, build_runner, build_senders, load_agent, turn_kinds
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
 from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
@@ -306,6 +306,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
     load_agent(settings.agent)  # a bad GATEWAY_AGENT stops start-up now, not at the first message
+    turn_kinds(settings)
     if is_memory_sqlite(settings.database_url):
         if args.workers > 1:
             raise CommandFailed("an in-memory SQLite database cannot be shared by several --workers")

@@ -7,15 +7,16 @@ print; ``Settings.secret_values()`` feeds the log redactor.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -28,6 +29,20 @@ DEFAULT_CONFIG_FILE = Path("config/gateway.toml")
 NON_SETTING_ENV = frozenset({CONFIG_FILE_ENV, "GATEWAY_TEST_POSTGRES_URL"})
 
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+# The documented default of GATEWAY_TURN_KINDS, as in gateway.domain.inbound (a test keeps them equal).
+DEFAULT_TURN_KIND_NAMES = (
+    "text",
+    "image",
+    "audio",
+    "video",
+    "document",
+    "location",
+    "contacts",
+    "interactive_reply",
+    "template_button",
+    "order",
+    "callback_query",
+)
 
 
 class Settings(BaseSettings):
@@ -92,6 +107,10 @@ class Settings(BaseSettings):
         default=192, gt=0, description="How long message keys are remembered (WhatsApp retries for 7 days)."
     )
     max_turns: int = Field(default=40, ge=1, description="Complete turns kept per conversation.")
+    turn_kinds: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_TURN_KIND_NAMES),
+        description="Message kinds that start an agent turn; the others are only recorded.",
+    )
     telegram_chat_per_second: float = Field(default=1, ge=0, description="Sends per private chat per second.")
     telegram_group_per_minute: float = Field(default=20, ge=0, description="Sends per group chat per minute.")
     telegram_global_per_second: float = Field(
@@ -141,6 +160,20 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
         return value.rstrip("/")
+
+    @field_validator("turn_kinds", mode="before")
+    @classmethod
+    def _split_kinds(cls, value: Any) -> Any:
+        # The environment gives "text,image" (or a JSON list); the TOML file a list.
+        if isinstance(value, str):
+            stripped = value.strip()
+            if stripped.startswith("["):
+                try:
+                    return json.loads(stripped)
+                except ValueError:
+                    raise ValueError("is neither a JSON list nor comma-separated kinds") from None
+            return [kind.strip() for kind in stripped.split(",") if kind.strip()]
+        return value
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

@@ -199,3 +199,25 @@ def test_platform_secrets_feed_the_log_redactor(monkeypatch: pytest.MonkeyPatch)
     settings = load_settings()
     assert {"123456:secret-bot-token", "app-secret-value"} <= set(settings.secret_values())
     assert settings.whatsapp_verify_token is None  # empty means unset
+
+
+def test_turn_kinds_default_matches_the_domain_and_parses_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gateway.bootstrap import turn_kinds
+    from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind
+
+    assert turn_kinds(load_settings()) == DEFAULT_TURN_KINDS
+    monkeypatch.setenv("GATEWAY_TURN_KINDS", "text, sticker")
+    assert turn_kinds(load_settings()) == {MessageKind.TEXT, MessageKind.STICKER}
+    monkeypatch.setenv("GATEWAY_TURN_KINDS", '["text"]')
+    assert turn_kinds(load_settings()) == {MessageKind.TEXT}
+    monkeypatch.setenv("GATEWAY_TURN_KINDS", "text,gif")
+    with pytest.raises(SettingsError, match=r"GATEWAY_TURN_KINDS.*'gif'"):
+        turn_kinds(load_settings())
+
+
+def test_a_malformed_turn_kinds_list_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_TURN_KINDS", "[text")
+    with pytest.raises(SettingsError, match="GATEWAY_TURN_KINDS"):
+        load_settings()
