@@ -108,6 +108,8 @@ class InboundMessage:
     # False for a group message not meant for the bot (no mention, command or reply to it).
     addressed_to_bot: bool = True
     callback_query_id: str | None = None
+    # "group" when replies should quote the message they answer (Telegram groups), else None.
+    chat_type: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -138,6 +140,7 @@ class InboundMessage:
             "reply_to_id": self.reply_to_id,
             "addressed_to_bot": self.addressed_to_bot,
             "callback_query_id": self.callback_query_id,
+            "chat_type": self.chat_type,
             "raw": self.raw,
         }
 

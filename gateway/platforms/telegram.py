@@ -236,6 +236,7 @@ class TelegramAdapter:
             location=content.location,
             reply_to_id=f"{chat_id}:{reply_to_id}" if reply_to_id is not None else None,
             addressed_to_bot=addressed,
+            chat_type="group" if chat_type in _GROUP_TYPES else None,
             raw=raw,
         )
 

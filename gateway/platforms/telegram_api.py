@@ -88,6 +88,13 @@ class TelegramSender:
             params: dict[str, Any] = {"chat_id": target["chat_id"], "text": text or ""}
             if target.get("thread_id"):
                 params["message_thread_id"] = int(target["thread_id"])
+            reply_to = str(target.get("reply_to") or "")
+            if target.get("chat_type") == "group" and reply_to.rpartition(":")[2].isdigit():
+                # In a group, quote the message being answered; message ids are "<chat>:<id>".
+                params["reply_parameters"] = {
+                    "message_id": int(reply_to.rpartition(":")[2]),
+                    "allow_sending_without_reply": True,
+                }
             result = await self.api.call("sendMessage", **params)
         except TelegramAPIError as exc:
             # 429 and server errors pass; 400/403 (bad request, bot blocked) will not get better.

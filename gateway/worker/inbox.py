@@ -207,6 +207,7 @@ def _replies(row: ClaimedRow, reply: str) -> list[OutboxEntry]:
         "user_id": message.get("user_id"),
         "phone": message.get("phone"),
         "reply_to": message.get("message_id"),
+        "chat_type": message.get("chat_type"),
     }
     entries = []
     if message.get("callback_query_id"):  # the user's spinner stops only when the query is answered

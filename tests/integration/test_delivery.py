@@ -236,3 +236,18 @@ def test_a_bot_kicked_from_a_chat_sends_nothing_there_until_it_is_back(database_
         assert asyncio.run(deliver_one()) == "failed"
         assert httpx.post(f"{gateway}/webhooks/telegram", content=member, headers=headers).status_code == 200
         assert asyncio.run(deliver_one()) == "dry_run"
+
+
+async def test_telegram_replies_quote_the_message_in_groups_only(migrated: AsyncEngine) -> None:
+    fake = FakeTelegram(TOKEN)
+    with serve_in_thread(fake.app) as base:
+        async with httpx.AsyncClient() as http:
+            delivery = OutboxDelivery(migrated, {"telegram": TelegramSender(TelegramAPI(TOKEN, base, http))})
+            await add_outbox(
+                migrated, "telegram", {"chat_id": "-100500", "reply_to": "-100500:31", "chat_type": "group"}
+            )
+            await add_outbox(migrated, "telegram", {"chat_id": "42", "reply_to": "42:7", "chat_type": None})
+            assert await delivery.run_until_idle() == 2
+    group, private = fake.calls("sendMessage")
+    assert group["reply_parameters"] == {"message_id": 31, "allow_sending_without_reply": True}
+    assert "reply_parameters" not in private

@@ -631,3 +631,11 @@ def test_parse_never_raises_on_arbitrary_json_objects(
     assert isinstance(parsed, ParsedUpdate)
     # The catch-all is a safety net; the parser itself must handle every shape.
     assert not [e for e in logs if e.get("reason") == "parse_error"]
+
+
+def test_group_messages_are_marked_so_replies_quote_them(adapter: TelegramAdapter) -> None:
+    group = only_message(adapter.parse(load("group_reply_to_bot")))
+    private = only_message(adapter.parse(load("private_text")))
+    assert group.chat_type == "group"
+    assert private.chat_type is None
+    assert group.to_dict()["chat_type"] == "group"
