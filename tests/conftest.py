@@ -40,7 +40,7 @@ def postgres_url() -> Iterator[str]:
     """A fresh, empty database on the test server, dropped afterwards."""
     admin_url = os.environ.get(POSTGRES_ENV)
     if not admin_url:
-        pytest.skip(POSTGRES_SKIP_REASON)
+        pytest.skip(reason=POSTGRES_SKIP_REASON)
     name = f"gw_test_{uuid.uuid4().hex[:12]}"
     _admin(admin_url, f'CREATE DATABASE "{name}"')
     try:

@@ -81,7 +81,7 @@ async def test_an_unknown_agent_name_gets_a_placeholder_and_a_warning(store: Bas
     exchange(session.history, "hello")
     await store.save(session)
     if isinstance(store, SessionStore):
-        pytest.skip("the memory store keeps the agent object itself; nothing is resolved by name")
+        pytest.skip(reason="the memory store keeps the agent object itself; nothing is resolved by name")
     with capture_logs() as logs:
         loaded = await store.get("s1")
     assert loaded is not None
@@ -277,7 +277,7 @@ async def bulk_expired(store: BaseSessionStore, count: int) -> None:
 
 async def test_a_second_store_on_the_same_database_sees_every_change(store: BaseSessionStore) -> None:
     if not isinstance(store, SQLSessionStore) or store.engine.url.database in (None, "", ":memory:"):
-        pytest.skip("only a database that two stores can open is shared")
+        pytest.skip(reason="only a database that two stores can open is shared")
     other = SQLSessionStore(store.engine.url.render_as_string(hide_password=False))
     try:
         first = await store.get_or_create("s1", SUPPORT)
