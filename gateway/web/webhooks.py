@@ -43,12 +43,10 @@ async def receive(request: Request) -> Response:
     webhooks: Webhooks = request.state.webhooks
     platform = request.path_params["platform"]
     rid = request_id_of(request)
-    if platform not in PLATFORMS:
-        return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
-    adapter = webhooks.adapters.get(platform)
-    if adapter is None:
-        detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
-        return error_response(404, "platform_disabled", rid, detail=detail)
+    unavailable = _unavailable(webhooks, platform, rid)
+    if unavailable is not None:
+        return unavailable
+    adapter = webhooks.adapters[platform]
 
     body = await _read_limited(request, webhooks.max_body_bytes)
     if body is None:
@@ -97,13 +95,11 @@ async def handshake(request: Request) -> Response:
     webhooks: Webhooks = request.state.webhooks
     platform = request.path_params["platform"]
     rid = request_id_of(request)
-    if platform not in PLATFORMS:
-        return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
-    if platform != "whatsapp":
+    if platform in PLATFORMS and platform != "whatsapp":
         return error_response(405, "method_not_allowed", rid, detail="use POST", headers={"Allow": "POST"})
-    if platform not in webhooks.adapters:
-        detail = f"whatsapp is disabled: set {ENABLING_SETTING['whatsapp']} to enable it"
-        return error_response(404, "platform_disabled", rid, detail=detail)
+    unavailable = _unavailable(webhooks, platform, rid)
+    if unavailable is not None:
+        return unavailable
     params = request.query_params
     expected = webhooks.whatsapp_verify_token
     token = params.get("hub.verify_token") or ""
@@ -116,6 +112,16 @@ async def handshake(request: Request) -> Response:
         log.warning("webhook_handshake_refused", platform="whatsapp")
         return PlainTextResponse("Forbidden", status_code=403)
     return PlainTextResponse(params.get("hub.challenge") or "")
+
+
+def _unavailable(webhooks: Webhooks, platform: str, rid: str | None) -> Response | None:
+    """404 for a platform the gateway does not know, or one whose secret is not configured."""
+    if platform not in PLATFORMS:
+        return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
+    if platform not in webhooks.adapters:
+        detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
+        return error_response(404, "platform_disabled", rid, detail=detail)
+    return None
 
 
 async def _read_limited(request: Request, limit: int) -> bytes | None:
