@@ -28,6 +28,7 @@ from gateway.store import queue
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.tables import InboxRow
 from gateway.store.turns import InboxCompletion, LeaseLostError, OutboxEntry
+from gateway.worker.maintenance import wait_for_wake
 
 log = structlog.get_logger(__name__)
 
@@ -90,11 +91,7 @@ class InboxWorker:
                     task.add_done_callback(running.discard)
                     task.add_done_callback(lambda _: self._wake.set())
                 if not claimed:
-                    try:
-                        async with asyncio.timeout(IDLE_POLL_SECONDS):
-                            await self._wake.wait()
-                    except TimeoutError:
-                        pass
+                    await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
         finally:
             for task in running:
                 task.cancel()

@@ -34,3 +34,12 @@ async def purge_dedup_keys_periodically(
             if on_purged is not None:
                 on_purged(purged)
         await asyncio.sleep(interval)
+
+
+async def wait_for_wake(wake: asyncio.Event, poll_seconds: float) -> None:
+    """Sleep until `wake` is set or `timeout` passes: new work in this process, or a poll for others'."""
+    try:
+        async with asyncio.timeout(poll_seconds):
+            await wake.wait()
+    except TimeoutError:
+        pass

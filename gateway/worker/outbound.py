@@ -25,6 +25,7 @@ from gateway.platforms.base import DeliveryError, Sender
 from gateway.store import queue
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.tables import ChatRow, OutboxRow
+from gateway.worker.maintenance import wait_for_wake
 from gateway.worker.pacing import Pacer, PacingLimits
 
 log = structlog.get_logger(__name__)
@@ -69,11 +70,7 @@ class OutboxDelivery:
                 log.warning("delivery_round_failed", error=type(exc).__name__)
                 delivered = 0
             if not delivered:
-                try:
-                    async with asyncio.timeout(IDLE_POLL_SECONDS):
-                        await self._wake.wait()
-                except TimeoutError:
-                    pass
+                await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
 
     async def run_until_idle(self) -> int:
         total = 0
