@@ -37,7 +37,7 @@ async def purge_dedup_keys_periodically(
 
 
 async def wait_for_wake(wake: asyncio.Event, poll_seconds: float) -> None:
-    """Sleep until `wake` is set or `timeout` passes: new work in this process, or a poll for others'."""
+    """Sleep until `wake` is set or `poll_seconds` pass: new work here, or time to poll for others'."""
     try:
         async with asyncio.timeout(poll_seconds):
             await wake.wait()
