@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 writer=services.ingest,
                 max_body_bytes=settings.max_body_bytes,
                 whatsapp_verify_token=_secret(settings.whatsapp_verify_token),
+                local_adapters=services.local_adapters,
                 on_pending=services.worker.wake,
                 turn_kinds=turn_kinds(settings),
             )
@@ -92,7 +93,12 @@ def _secret(value: SecretStr | None) -> str | None:
 def _log_platforms(settings: Settings, services: Services) -> None:
     for platform in PLATFORMS:
         if platform not in services.adapters:
-            log.info("platform_disabled", platform=platform, enable_with=ENABLING_SETTING[platform])
+            log.info(
+                "platform_disabled",
+                platform=platform,
+                enable_with=ENABLING_SETTING[platform],
+                local_mode=platform in services.local_adapters,
+            )
         elif sends_for_real(settings, platform):
             log.info("platform_enabled", platform=platform, sending="live")
         else:

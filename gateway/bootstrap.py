@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
+import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.registry import model_factory_from_settings
 from gateway.domain.inbound import MessageKind
 from gateway.errors import SettingsError
+from gateway.platforms import local_key
 from gateway.platforms.base import PlatformAdapter, Sender
-from gateway.platforms.registry import enabled_adapters
+from gateway.platforms.registry import PLATFORMS, enabled_adapters, local_adapters, webhook_secret
 from gateway.platforms.telegram_api import TelegramAPI, TelegramSender
 from gateway.platforms.whatsapp_api import WhatsAppSender
 from gateway.settings import Settings
@@ -28,6 +31,8 @@ from gateway.worker.pacing import PacingLimits
 
 HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms
 
+log = structlog.get_logger("gateway.bootstrap")
+
 
 @dataclass(frozen=True)
 class Services:
@@ -36,6 +41,7 @@ class Services:
     settings: Settings
     engine: AsyncEngine
     adapters: dict[str, PlatformAdapter]
+    local_adapters: dict[str, PlatformAdapter]  # the local mode's, for platforms without a secret
     ingest: IngestWriter
     sqlite_thread: SQLiteThread | None
     worker: InboxWorker
@@ -73,12 +79,29 @@ def build_services(settings: Settings) -> Services:
         settings=settings,
         engine=engine,
         adapters=enabled_adapters(settings),
+        local_adapters=build_local_adapters(settings),
         ingest=IngestWriter(engine, thread, settings.dedup_ttl_hours),
         sqlite_thread=thread,
         worker=InboxWorker(engine, build_runner(settings, engine, thread), on_committed=delivery.wake),
         delivery=delivery,
         http=http,
     )
+
+
+def build_local_adapters(settings: Settings) -> dict[str, PlatformAdapter]:
+    """The local mode (see `gateway.platforms.local_key`): off when turned off, or when the key
+    file cannot be written (a read-only container), since it is only a convenience."""
+    disabled = [platform for platform in PLATFORMS if webhook_secret(settings, platform) is None]
+    if not settings.local_key_file or not disabled:
+        return {}
+    path = Path(settings.local_key_file)
+    try:
+        key = local_key.load_or_create(path)
+    except (OSError, ValueError) as exc:
+        log.warning("local_mode_off", key_file=str(path), reason=str(exc))
+        return {}
+    log.info("local_mode_on", platforms=disabled, key_file=str(path))
+    return local_adapters(settings, key)
 
 
 def build_pacing(settings: Settings) -> PacingLimits:

@@ -8,6 +8,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import httpx
@@ -22,16 +23,19 @@ from gateway.app import create_app
 from gateway.bootstrap import build_pacing, build_runner, build_senders, load_agent, turn_kinds
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
+from gateway.platforms import local_key, simulated
+from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, telegram_bot_id, webhook_secret
 from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
 from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations
-from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping
+from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping, safe_url
 from gateway.worker.inbox import InboxWorker
 from gateway.worker.outbound import OutboxDelivery
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
 SHUTDOWN_GRACE_SECONDS = 25
+SIMULATE_POLL_SECONDS = 0.05  # how often `gateway simulate` looks for the reply
 T = TypeVar("T")
 WEBHOOK_INFO_FIELDS = (
     "url",
@@ -74,6 +78,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     telegram.add_parser(
         "webhook-info", help="what Telegram knows of the webhook (pending updates, last error)"
+    )
+
+    simulate = commands.add_parser(
+        "simulate", help="send a signed webhook to a running gateway and print the reply"
+    )
+    simulate.add_argument("platform", choices=PLATFORMS)
+    simulate.add_argument("text", help="the message")
+    simulate.add_argument("--user", help="sender: a Telegram user id or a WhatsApp phone number")
+    simulate.add_argument("--url", help="the gateway (default: http://GATEWAY_HOST:GATEWAY_PORT)")
+    simulate.add_argument(
+        "--timeout", type=float, default=30, help="seconds to wait for the reply (default 30)"
     )
 
     chat = commands.add_parser("chat", help="talk to the configured agent in the terminal")
@@ -132,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             load_agent(settings.agent)
             return _with_engine(settings, lambda engine: _worker(settings, engine))
+        if args.command == "simulate":
+            return _with_engine(settings, lambda engine: _simulate(settings, engine, args))
         if args.command == "chat":
             return _with_engine(settings, lambda engine: _chat(settings, engine, args.session))
         if args.command == "dedup":
@@ -193,6 +210,70 @@ async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None)
         print(f"{result.agent_name}> {result.content}")
 
 
+async def _simulate(settings: Settings, engine: AsyncEngine, args: argparse.Namespace) -> int:
+    """Post what the platform would, then wait in the database for the turn's replies.
+
+    Signs with the platform's configured secret, or else with the local mode's key (which the
+    gateway accepts only from loopback clients).
+    """
+    platform: str = args.platform
+    secret = webhook_secret(settings, platform)
+    if secret is None:
+        secret = _local_key(settings, platform)
+    try:
+        webhook = simulated.build(
+            platform,
+            args.text,
+            args.user or simulated.DEFAULT_USER[platform],
+            secret,
+            telegram_bot_id(settings),
+        )
+    except ValueError as exc:
+        raise SettingsError(f"invalid --user {args.user!r}: {exc}") from None
+    url = f"{(args.url or _local_url(settings)).rstrip('/')}/webhooks/{platform}"
+    async with httpx.AsyncClient(timeout=10) as client:
+        try:
+            response = await client.post(url, content=webhook.body, headers=webhook.headers)
+        except httpx.HTTPError as exc:
+            raise CommandFailed(
+                f"cannot reach the gateway at {url} ({type(exc).__name__}); is it running?"
+            ) from None
+    if response.status_code != 200:
+        raise CommandFailed(f"the gateway answered {response.status_code}: {response.text[:300]}")
+    deadline = asyncio.get_running_loop().time() + args.timeout
+    while (found := await inbox.outcome(engine, webhook.dedup_key)) is None or found.status == "pending":
+        if asyncio.get_running_loop().time() > deadline:
+            raise CommandFailed(
+                f"no reply within {args.timeout:g} s in {safe_url(settings.database_url)}"
+                " (is the gateway using this database, and its worker running?)"
+            )
+        await asyncio.sleep(SIMULATE_POLL_SECONDS)
+    if found.status == "dead":
+        raise CommandFailed(f"the turn failed: {found.last_error}")
+    for reply in found.replies:
+        print(reply)
+    return EXIT_OK
+
+
+def _local_key(settings: Settings, platform: str) -> str:
+    enabling = ENABLING_SETTING[platform]
+    if not settings.local_key_file:
+        raise SettingsError(f"invalid setting {enabling}: needed when the local mode is off")
+    try:
+        return local_key.read(Path(settings.local_key_file))
+    except (OSError, ValueError):
+        raise CommandFailed(
+            f"{platform} has no secret ({enabling}) and there is no local key at {settings.local_key_file}:"
+            " start `gateway serve` in this directory first (it creates the key)"
+        ) from None
+
+
+def _local_url(settings: Settings) -> str:
+    """The address `gateway serve` listens on, as a client reaches it (a wildcard bind means loopback)."""
+    host = "127.0.0.1" if settings.host in {"0.0.0.0", "::", ""} else settings.host
+    return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
+
+
 async def _worker(settings: Settings, engine: AsyncEngine) -> int:
     """Answer inbox rows and deliver replies until SIGTERM or Ctrl-C; rows in flight are handed back."""
     await migrations.ensure_head(engine)
@@ -231,13 +312,7 @@ async def _telegram(settings: Settings, args: argparse.Namespace) -> int:
                 print(f"webhook set to {url}")
             else:
                 info = await api.get_webhook_info()
-                for key in (
-                    "url",
-                    "pending_update_count",
-                    "last_error_date",
-                    "last_error_message",
-                    "max_connections",
-                ):
+                for key in WEBHOOK_INFO_FIELDS:
                     if key in info:
                         print(f"{key}: {info[key]}")
         except TelegramAPIError as exc:

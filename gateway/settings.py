@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     whatsapp_global_per_second: float = Field(
         default=80, ge=0, description="WhatsApp sends per second overall."
     )
+    local_key_file: str = Field(
+        default="data/local.key",
+        description="Key file of the local mode (`gateway simulate` without secrets); '' turns it off.",
+    )
 
     @field_validator("model")
     @classmethod

@@ -23,13 +23,32 @@ def enabled_adapters(settings: Settings) -> dict[str, PlatformAdapter]:
     if settings.whatsapp_app_secret is not None:
         adapters["whatsapp"] = WhatsAppAdapter(settings.whatsapp_app_secret.get_secret_value())
     if settings.telegram_secret_token is not None:
-        token = settings.telegram_bot_token
         adapters["telegram"] = TelegramAdapter(
-            settings.telegram_secret_token.get_secret_value(),
-            # Without a bot token the bot id is unknown; dedup keys then use "0" for it.
-            TelegramAdapter.bot_id_from_token(token.get_secret_value()) if token else "0",
+            settings.telegram_secret_token.get_secret_value(), telegram_bot_id(settings)
         )
     return adapters
+
+
+def local_adapters(settings: Settings, key: str) -> dict[str, PlatformAdapter]:
+    """Adapters checking the local mode's key, for each platform whose own secret is not configured."""
+    adapters: dict[str, PlatformAdapter] = {}
+    if settings.whatsapp_app_secret is None:
+        adapters["whatsapp"] = WhatsAppAdapter(key)
+    if settings.telegram_secret_token is None:
+        adapters["telegram"] = TelegramAdapter(key, telegram_bot_id(settings))
+    return adapters
+
+
+def webhook_secret(settings: Settings, platform: str) -> str | None:
+    """The secret a platform signs its webhooks with, when configured."""
+    secret = settings.whatsapp_app_secret if platform == "whatsapp" else settings.telegram_secret_token
+    return None if secret is None else secret.get_secret_value()
+
+
+def telegram_bot_id(settings: Settings) -> str:
+    """The bot's id, from its token; without a token it is unknown and dedup keys use "0" for it."""
+    token = settings.telegram_bot_token
+    return TelegramAdapter.bot_id_from_token(token.get_secret_value()) if token else "0"
 
 
 def sends_for_real(settings: Settings, platform: str) -> bool:

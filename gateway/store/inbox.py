@@ -9,7 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store.engine import SQLITE_IMMEDIATE
-from gateway.store.tables import InboxRow
+from gateway.store.tables import InboxRow, OutboxRow
 
 STATUSES = ("pending", "recorded", "done", "dead")
 
@@ -61,3 +61,32 @@ async def retry(engine: AsyncEngine, inbox_id: int) -> bool:
     )
     async with engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
         return bool((await conn.execute(requeue)).rowcount)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Where a message stands: its inbox row's status, and the replies its turn put in the outbox."""
+
+    status: str
+    last_error: str | None
+    replies: list[str]
+
+
+async def outcome(engine: AsyncEngine, dedup_key: str) -> Outcome | None:
+    """None while no inbox row has that key; the replies are there once the status is `done`."""
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(InboxRow.id, InboxRow.status, InboxRow.last_error).where(
+                    InboxRow.dedup_key == dedup_key
+                )
+            )
+        ).first()
+        if row is None:
+            return None
+        texts = await conn.execute(
+            select(OutboxRow.text)
+            .where(OutboxRow.inbox_id == row.id, OutboxRow.kind == "text")
+            .order_by(OutboxRow.id)
+        )
+        return Outcome(row.status, row.last_error, [text or "" for (text,) in texts])

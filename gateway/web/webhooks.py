@@ -1,9 +1,11 @@
 """`/webhooks/{platform}`: verify, parse, store durably, acknowledge. Never waits for a model.
 
-Answers, in order of checks: unknown or disabled platform 404; body over the limit 413 (not read
-whole); bad signature or secret 401 (nothing stored); invalid JSON or not an object 400; an update
-we do not act on 200; otherwise 200 once its dedup keys and inbox rows are committed, or 503 if the
-database could not take them (the platform retries). Nothing a client sends gives a 500.
+Answers, in order of checks: unknown or disabled platform 404 (a disabled one is reached only in
+the local mode: a loopback client signing with the local key, see `gateway.platforms.local_key`);
+body over the limit 413 (not read whole); bad signature or secret 401 (nothing stored); invalid
+JSON or not an object 400; an update we do not act on 200; otherwise 200 once its dedup keys and
+inbox rows are committed, or 503 if the database could not take them (the platform retries).
+Nothing a client sends gives a 500.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -20,6 +22,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
 from gateway.platforms.base import PlatformAdapter
+from gateway.platforms.local_key import is_loopback
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS
 from gateway.store.ingest import ChatState, DeliveryStatus, InboxEntry, IngestItem, IngestWriter
 from gateway.web.errors import error_response, request_id_of
@@ -35,6 +38,7 @@ class Webhooks:
     writer: IngestWriter
     max_body_bytes: int
     whatsapp_verify_token: str | None
+    local_adapters: dict[str, PlatformAdapter] = field(default_factory=dict)
     on_pending: Callable[[], None] = lambda: None  # wakes the worker when a turn is due
     turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS
 
@@ -43,10 +47,13 @@ async def receive(request: Request) -> Response:
     webhooks: Webhooks = request.state.webhooks
     platform = request.path_params["platform"]
     rid = request_id_of(request)
-    unavailable = _unavailable(webhooks, platform, rid)
-    if unavailable is not None:
-        return unavailable
-    adapter = webhooks.adapters[platform]
+    adapter = webhooks.adapters.get(platform)
+    local = adapter is None
+    if adapter is None:
+        client = request.client.host if request.client else None
+        adapter = webhooks.local_adapters.get(platform) if is_loopback(client) else None
+        if adapter is None:
+            return _not_enabled(platform, rid)
 
     body = await _read_limited(request, webhooks.max_body_bytes)
     if body is None:
@@ -54,6 +61,8 @@ async def receive(request: Request) -> Response:
             413, "payload_too_large", rid, detail=f"body over {webhooks.max_body_bytes} bytes"
         )
     if not adapter.verify(request.headers, body):
+        if local:
+            return _not_enabled(platform, rid)  # without the local key it stays disabled, also on loopback
         log.warning("webhook_rejected", platform=platform, reason="signature")
         return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
     try:
@@ -97,9 +106,8 @@ async def handshake(request: Request) -> Response:
     rid = request_id_of(request)
     if platform in PLATFORMS and platform != "whatsapp":
         return error_response(405, "method_not_allowed", rid, detail="use POST", headers={"Allow": "POST"})
-    unavailable = _unavailable(webhooks, platform, rid)
-    if unavailable is not None:
-        return unavailable
+    if platform not in webhooks.adapters:
+        return _not_enabled(platform, rid)
     params = request.query_params
     expected = webhooks.whatsapp_verify_token
     token = params.get("hub.verify_token") or ""
@@ -114,14 +122,12 @@ async def handshake(request: Request) -> Response:
     return PlainTextResponse(params.get("hub.challenge") or "")
 
 
-def _unavailable(webhooks: Webhooks, platform: str, rid: str | None) -> Response | None:
+def _not_enabled(platform: str, rid: str | None) -> Response:
     """404 for a platform the gateway does not know, or one whose secret is not configured."""
     if platform not in PLATFORMS:
         return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
-    if platform not in webhooks.adapters:
-        detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
-        return error_response(404, "platform_disabled", rid, detail=detail)
-    return None
+    detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
+    return error_response(404, "platform_disabled", rid, detail=detail)
 
 
 async def _read_limited(request: Request, limit: int) -> bytes | None:

@@ -1,0 +1,54 @@
+"""The local mode's key: lets a fresh install try the whole path without any platform secret.
+
+A platform whose secret is not configured still accepts webhooks that come from a loopback client
+AND are signed with this key, which `gateway serve` writes (mode 0600) beside its data at start-up
+and `gateway simulate` reads. Loopback alone is not enough: a reverse proxy on the same host makes
+every public request look local, and nobody outside the machine can read the file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+
+def load_or_create(path: Path) -> str:
+    """The key in `path`, written first when missing.
+
+    Written to a temporary file and hard-linked into place, so processes starting together
+    (`gateway serve --workers N`) all read the one complete key.
+    """
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            # URL-safe characters are valid in both a Telegram secret token and an HMAC key.
+            file.write(secrets.token_urlsafe(32))
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass  # another process won; use its key
+        finally:
+            temporary.unlink()
+    return read(path)
+
+
+def read(path: Path) -> str:
+    """The key in `path`; OSError when there is none, ValueError when the file is empty."""
+    key = path.read_text().strip()
+    if not key:
+        raise ValueError(f"{path} is empty")
+    return key
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for 127.0.0.0/8 and ::1; False for anything else, names and garbage included."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
