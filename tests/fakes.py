@@ -174,6 +174,9 @@ class FakeTelegram:
         self.requests: list[RecordedRequest] = []
         self.results: dict[str, Any] = {}
         self.errors: dict[str, tuple[int, dict[str, Any]]] = {}
+        # Old chat id -> new: a call naming the old id (a group upgraded to a supergroup) gets 400
+        # with `parameters.migrate_to_chat_id`, before any scripted error of the method.
+        self.migrated: dict[str, int] = {}
 
     @property
     def app(self) -> Starlette:
@@ -187,6 +190,13 @@ class FakeTelegram:
         method = request.path_params["method"]
         body = await request.json()
         self.requests.append(RecordedRequest("POST", method, dict(request.headers), body))
+        if isinstance(body, dict) and str(body.get("chat_id")) in self.migrated:
+            error = {
+                "error_code": 400,
+                "description": "Bad Request: group chat was upgraded to a supergroup chat",
+                "parameters": {"migrate_to_chat_id": self.migrated[str(body.get("chat_id"))]},
+            }
+            return JSONResponse({"ok": False, **error}, status_code=400)
         if method in self.errors:
             status, error = self.errors[method]
             return JSONResponse({"ok": False, **error}, status_code=status)
@@ -197,7 +207,8 @@ class FakeTelegram:
 
 
 class FakeWhatsApp:
-    """`POST /<phone_number_id>/messages`: answers a wamid, or the scripted errors first."""
+    """`POST /<phone_number_id>/messages`: answers a wamid (`{"success": true}` to a mark-as-read or
+    typing-indicator body), or the scripted errors first."""
 
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
@@ -213,5 +224,7 @@ class FakeWhatsApp:
         if self.errors:
             status, error = self.errors.popleft()
             return JSONResponse({"error": error}, status_code=status)
+        if isinstance(body, dict) and body.get("status") == "read":
+            return JSONResponse({"success": True})
         wamid = f"wamid.out{len(self.requests)}"
         return JSONResponse({"messaging_product": "whatsapp", "messages": [{"id": wamid}]})

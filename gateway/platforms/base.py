@@ -1,4 +1,4 @@
-"""What every platform adapter does on the inbound side.
+"""What every platform adapter does on the inbound side, and what its sender does on the outbound side.
 
 Adding a platform is one module here, one settings group, one registry line and payload fixtures;
 the webhook routes and the contract tests are generic over the registry.
@@ -48,4 +48,13 @@ class DeliveryError(GatewayError):
 class Sender(Protocol):
     async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
         """Deliver one outbox row; the platform's message id when it gives one. DeliveryError otherwise."""
+        ...
+
+    async def indicate_typing(self, target: dict[str, Any]) -> None:
+        """Show "typing…" where a reply to `target` (an outbox row's target) will go.
+
+        Best effort: never raises; failures are logged (without secrets) and otherwise ignored.
+        Telegram's indicator lasts about 5 s (repeat every ~4 s during a long turn); WhatsApp's also
+        marks the inbound message `target["reply_to"]` read and lasts until the reply or 25 s.
+        """
         ...

@@ -1,7 +1,7 @@
 """A small Bot API client: one method call per request, errors with Telegram's code and description.
 
-Used by `gateway telegram set-webhook|webhook-info` now, and by delivery (sendMessage,
-answerCallbackQuery) next. The token is part of the URL, so URLs are never logged.
+Used by `gateway telegram set-webhook|webhook-info` and by delivery (sendMessage, answerCallbackQuery,
+sendChatAction). The token is part of the URL, so URLs are never logged.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import structlog
 
 from gateway.errors import GatewayError
 from gateway.platforms.base import DeliveryError
@@ -24,15 +25,25 @@ ALLOWED_UPDATES = (
     "message_reaction",
 )
 
+log = structlog.get_logger(__name__)
+
 
 class TelegramAPIError(GatewayError):
+    """A refused or failed call; `retry_after` and `migrate_to_chat_id` are Telegram's ResponseParameters."""
+
     def __init__(
-        self, method: str, code: int | None, description: str, retry_after: float | None = None
+        self,
+        method: str,
+        code: int | None,
+        description: str,
+        retry_after: float | None = None,
+        migrate_to_chat_id: int | None = None,
     ) -> None:
         super().__init__(f"Telegram {method} failed ({code}): {description}")
         self.code = code
         self.description = description
         self.retry_after = retry_after
+        self.migrate_to_chat_id = migrate_to_chat_id
 
 
 class TelegramAPI:
@@ -55,9 +66,16 @@ class TelegramAPI:
             raise TelegramAPIError(method, response.status_code, response.text[:200]) from None
         if not isinstance(body, dict) or not body.get("ok"):
             data = body if isinstance(body, dict) else {}
-            retry_after = (data.get("parameters") or {}).get("retry_after")
+            parameters = data.get("parameters")
+            parameters = parameters if isinstance(parameters, dict) else {}
             code = data.get("error_code", response.status_code)
-            raise TelegramAPIError(method, code, str(data.get("description", "no description")), retry_after)
+            raise TelegramAPIError(
+                method,
+                code,
+                str(data.get("description", "no description")),
+                parameters.get("retry_after"),
+                _chat_id(parameters.get("migrate_to_chat_id")),
+            )
         return body.get("result")
 
     async def set_webhook(self, url: str, secret_token: str, *, drop_pending_updates: bool = False) -> Any:
@@ -75,7 +93,12 @@ class TelegramAPI:
 
 
 class TelegramSender:
-    """Outbox rows to Bot API calls: sendMessage (in the topic it came from) and answerCallbackQuery."""
+    """Outbox rows to Bot API calls: sendMessage (in the topic it came from) and answerCallbackQuery;
+    sendChatAction for the typing indicator.
+
+    A group upgraded to a supergroup gets a new chat id: Telegram refuses a sendMessage to the old one
+    with 400 and `migrate_to_chat_id`, and the message is then sent once more, to the new id.
+    """
 
     def __init__(self, api: TelegramAPI) -> None:
         self.api = api
@@ -95,11 +118,65 @@ class TelegramSender:
                     "message_id": int(reply_to.rpartition(":")[2]),
                     "allow_sending_without_reply": True,
                 }
-            result = await self.api.call("sendMessage", **params)
+            try:
+                result = await self.api.call("sendMessage", **params)
+            except TelegramAPIError as exc:
+                if exc.migrate_to_chat_id is None:
+                    raise
+                result = await self._resend_migrated(params, exc.migrate_to_chat_id)
         except TelegramAPIError as exc:
-            # 429 and server errors pass; 400/403 (bad request, bot blocked) will not get better.
-            permanent = exc.code is not None and 400 <= exc.code < 500 and exc.code != 429
-            raise DeliveryError(
-                str(exc), permanent=permanent, code=str(exc.code), retry_after=exc.retry_after
-            ) from None
+            raise _delivery_error(exc) from None
         return str(result["message_id"]) if isinstance(result, dict) and "message_id" in result else None
+
+    async def _resend_migrated(self, params: dict[str, Any], new_chat_id: int) -> Any:
+        """The same message, once, to the supergroup the group became.
+
+        The message being quoted and the topic belong to the old chat (a basic group has no topics),
+        so both are left out rather than pointing at a message or thread of the new chat by mistake.
+        """
+        log.info("telegram_chat_migrated", chat_id=str(params["chat_id"]), new_chat_id=str(new_chat_id))
+        resend = {
+            key: value
+            for key, value in params.items()
+            if key not in {"reply_parameters", "message_thread_id"}
+        }
+        resend["chat_id"] = new_chat_id
+        return await self.api.call("sendMessage", **resend)
+
+    async def indicate_typing(self, target: dict[str, Any]) -> None:
+        """sendChatAction "typing" in the chat (and topic) of `target`; best effort, never raises."""
+        chat_id = target.get("chat_id")
+        if chat_id is None:
+            return
+        params: dict[str, Any] = {"chat_id": chat_id, "action": "typing"}
+        try:
+            if target.get("thread_id"):
+                params["message_thread_id"] = int(target["thread_id"])
+            await self.api.call("sendChatAction", **params)
+        except TelegramAPIError as exc:
+            transient = exc.code is None or exc.code == 429 or exc.code >= 500
+            (log.debug if transient else log.warning)(
+                "typing_indicator_failed", platform="telegram", code=exc.code, error=exc.description[:200]
+            )
+        except Exception as exc:  # best effort: a typing indicator must never fail a turn
+            log.warning("typing_indicator_failed", platform="telegram", error=type(exc).__name__)
+
+
+def _delivery_error(exc: TelegramAPIError) -> DeliveryError:
+    # 429 and server errors pass; 400/403 (bad request, bot blocked) will not get better.
+    permanent = exc.code is not None and 400 <= exc.code < 500 and exc.code != 429
+    return DeliveryError(str(exc), permanent=permanent, code=str(exc.code), retry_after=exc.retry_after)
+
+
+def _chat_id(value: Any) -> int | None:
+    """An integer chat id from a response parameter, else None (bools are not ids)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None

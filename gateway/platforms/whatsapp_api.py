@@ -1,15 +1,21 @@
-"""Sending WhatsApp replies through the Cloud API: `POST {api_base}/{phone_number_id}/messages`."""
+"""Sending WhatsApp replies through the Cloud API: `POST {api_base}/{phone_number_id}/messages`.
+
+The same endpoint marks an inbound message read and shows the typing indicator (`indicate_typing`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import httpx
+import structlog
 
 from gateway.platforms.base import DeliveryError
 
 # Meta's throttling and transient codes: back off and retry. Anything else is final (see platform specs).
 RETRYABLE_CODES = frozenset({4, 80007, 130429, 131000, 131056, 131057})
+
+log = structlog.get_logger(__name__)
 
 
 class WhatsAppSender:
@@ -54,3 +60,39 @@ class WhatsAppSender:
             f"WhatsApp send failed ({response.status_code}, code {code}): {error.get('message', '')[:200]}"
         )
         raise DeliveryError(message, permanent=not retry, code=None if code is None else str(code))
+
+    async def indicate_typing(self, target: dict[str, Any]) -> None:
+        """Mark the inbound message `target["reply_to"]` (its wamid) read and show "typing…".
+
+        WhatsApp shows the indicator until the reply arrives or for 25 s. Best effort: never raises.
+        """
+        scope, wamid = target.get("scope"), target.get("reply_to")
+        if not scope or not wamid:
+            log.debug("typing_indicator_skipped", platform="whatsapp", reason="no_scope_or_message_id")
+            return
+        body = {
+            "messaging_product": "whatsapp",
+            "status": "read",
+            "message_id": str(wamid),
+            "typing_indicator": {"type": "text"},
+        }
+        try:
+            response = await self._client.post(
+                f"{self._api_base}/{scope}/messages", json=body, headers=self._headers
+            )
+        except Exception as exc:  # the message of some httpx errors holds the URL; log the type only
+            log.debug("typing_indicator_failed", platform="whatsapp", error=type(exc).__name__)
+            return
+        if response.status_code == 200:
+            return
+        try:
+            data = response.json()
+        except ValueError:
+            data = {}
+        error = (data.get("error") if isinstance(data, dict) else None) or {}
+        code = error.get("code") if isinstance(error, dict) else None
+        code = code if isinstance(code, int) else None
+        transient = response.status_code >= 500 or response.status_code == 429 or code in RETRYABLE_CODES
+        (log.debug if transient else log.warning)(
+            "typing_indicator_failed", platform="whatsapp", status=response.status_code, code=code
+        )

@@ -20,6 +20,7 @@ from gateway.domain.inbound import (
     MessageKind,
     ParsedUpdate,
     agent_text,
+    starts_turn,
 )
 from gateway.errors import SettingsError
 from gateway.platforms.base import PlatformAdapter
@@ -484,6 +485,43 @@ def test_callback_query_without_a_message_is_the_users_chat(adapter: TelegramAda
     message = only_message(adapter.parse(payload))
     assert message.session_id == PRIVATE
     assert message.reply_to_id is None
+
+
+def test_a_group_upgrade_is_recorded_in_both_chats_and_starts_no_turn(adapter: TelegramAdapter) -> None:
+    # The old group gets `migrate_to_chat_id`; the supergroup's first message has `migrate_from_chat_id`.
+    old = only_message(adapter.parse(load("group_migrated")))
+    new = only_message(
+        adapter.parse(
+            {
+                "update_id": 830000029,
+                "message": {
+                    "message_id": 1,
+                    "from": {
+                        "id": 1087968824,
+                        "is_bot": True,
+                        "first_name": "Group",
+                        "username": "GroupAnonymousBot",
+                    },
+                    "sender_chat": {"id": -1003344556677, "title": "Family", "type": "supergroup"},
+                    "chat": {"id": -1003344556677, "title": "Family", "type": "supergroup"},
+                    "date": 1767225600,
+                    "migrate_from_chat_id": -4098765432,
+                },
+            }
+        )
+    )
+    assert (old.kind, old.text, old.session_id) == (
+        MessageKind.SYSTEM,
+        "migrate_to_chat_id",
+        "telegram:-4098765432",
+    )
+    assert (new.kind, new.text, new.session_id) == (
+        MessageKind.SYSTEM,
+        "migrate_from_chat_id",
+        "telegram:-1003344556677",
+    )
+    assert not starts_turn(old)
+    assert not starts_turn(new)
 
 
 # --- garbage never raises --------------------------------------------------------------------------------
