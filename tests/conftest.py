@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import uuid
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import BaseSessionStore, SessionStore, SQLiteSessionStore, SQLSessionStore
 from gateway.store.engine import create_engine
+from tests.helpers import postgres_database
 
 POSTGRES_ENV = "GATEWAY_TEST_POSTGRES_URL"
 POSTGRES_SKIP_REASON = f"{POSTGRES_ENV} is not set, so no PostgreSQL server is known to these tests"
@@ -41,27 +38,8 @@ def postgres_url() -> Iterator[str]:
     admin_url = os.environ.get(POSTGRES_ENV)
     if not admin_url:
         pytest.skip(reason=POSTGRES_SKIP_REASON)
-    name = f"gw_test_{uuid.uuid4().hex[:12]}"
-    _admin(admin_url, f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        _admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _admin(admin_url: str, statement: str) -> None:
-    """Run one statement on the server, on a thread of its own (callers may be inside an event loop)."""
-
-    async def run() -> None:
-        engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-        try:
-            async with engine.connect() as conn:
-                await conn.exec_driver_sql(statement)
-        finally:
-            await engine.dispose()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, run()).result()
+    with postgres_database(admin_url) as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

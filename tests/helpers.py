@@ -1,4 +1,5 @@
-"""Test helpers: free ports, an in-process uvicorn on real loopback HTTP, the real CLI process."""
+"""Test helpers: free ports, an in-process uvicorn on real loopback HTTP, the real CLI process, polling,
+and PostgreSQL databases for fixtures wider than one test."""
 
 from __future__ import annotations
 
@@ -7,15 +8,23 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
+import pytest
 import uvicorn
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GATEWAY = str(Path(sys.executable).with_name("gateway"))
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -54,3 +63,47 @@ def gateway_env(**settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("GATEWAY_")}
     env.update(settings)
     return env
+
+
+def wait_until(condition: Callable[[], T], what: str, timeout: float = 60, interval: float = 0.05) -> T:
+    """Call `condition` until it returns something truthy and return that; fail the test at the deadline.
+
+    For waiting on another process or thread: the deadline is generous, the condition decides.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+@contextmanager
+def postgres_database(admin_url: str) -> Iterator[str]:
+    """A fresh, empty database on the server of `admin_url`; its URL. Dropped afterwards, even in use.
+
+    conftest's `postgres_url` fixture does the same for one test; this serves wider fixtures.
+    """
+    name = f"gw_test_{uuid.uuid4().hex[:12]}"
+    _postgres_admin(admin_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        _postgres_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _postgres_admin(admin_url: str, statement: str) -> None:
+    """Run one statement on the server, on a thread of its own (callers may be inside an event loop)."""
+
+    async def run() -> None:
+        engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
+        try:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql(statement)
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, run()).result()

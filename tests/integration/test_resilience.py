@@ -6,7 +6,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,11 @@ from gateway.store import migrations
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow, OutboxRow
 from tests.fakes import FakeOpenAI, FakeWhatsApp
-from tests.helpers import free_port, serve_in_thread
+from tests.helpers import free_port, serve_in_thread, wait_until
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 APP_SECRET = "wa-secret-resilience"
 TG_SECRET = "tg-secret-resilience"
-DEADLINE_SECONDS = 30
 # An agent on the service's default model (GATEWAY_MODEL), which the first test points at a slow server.
 DEFAULT_MODEL_AGENT = Agent("assistant", "Answer briefly.")
 
@@ -56,14 +55,6 @@ def query(url: str, statement: Any) -> list[Any]:
             await engine.dispose()
 
     return asyncio.run(run())
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Poll a condition the background worker or delivery will make true (no fixed sleeps)."""
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def telegram_update(update_id: int, chat_id: int, text: str) -> dict[str, Any]:
