@@ -19,6 +19,9 @@ from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, SENDING_SETT
 from gateway.settings import Settings, load_settings
 from gateway.store import migrations
 from gateway.store.engine import is_memory_sqlite, safe_url
+from gateway.web.admin import ADMIN_TOKEN_SETTING, Admin
+from gateway.web.admin import routes as admin_routes
+from gateway.web.console import routes as console_routes
 from gateway.web.errors import EXCEPTION_HANDLERS
 from gateway.web.health import healthz, readyz
 from gateway.web.metrics import HttpMetrics
@@ -26,6 +29,7 @@ from gateway.web.middleware import RequestContextMiddleware
 from gateway.web.webhooks import Webhooks, handshake, receive
 
 log = structlog.get_logger("gateway.app")
+MIN_STRONG_TOKEN_LENGTH = 16  # a shorter admin token is accepted, with a warning
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -62,7 +66,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 on_pending=services.worker.wake,
                 turn_kinds=turn_kinds(settings),
             )
+            admin = Admin(
+                token=_secret(settings.admin_token),
+                starting_agent=services.worker.runner.starting_agent.name,
+                on_pending=services.worker.wake,
+            )
+            _log_admin(admin)
             yield {
+                "admin": admin,
                 "engine": services.engine,
                 "schema_head": schema_head,
                 "settings": settings,
@@ -79,6 +90,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/metrics", metrics.endpoint, methods=["GET"]),
             Route("/webhooks/{platform}", receive, methods=["POST"]),
             Route("/webhooks/{platform}", handshake, methods=["GET"]),
+            *admin_routes(),
+            *console_routes(),
         ],
         middleware=[Middleware(RequestContextMiddleware, metrics=metrics)],
         exception_handlers=EXCEPTION_HANDLERS,
@@ -88,6 +101,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
 def _secret(value: SecretStr | None) -> str | None:
     return None if value is None else value.get_secret_value()
+
+
+def _log_admin(admin: Admin) -> None:
+    if not admin.enabled:
+        log.info("admin_disabled", enable_with=ADMIN_TOKEN_SETTING)
+        return
+    assert admin.token is not None
+    if len(admin.token) < MIN_STRONG_TOKEN_LENGTH:
+        log.warning("admin_token_short", length=len(admin.token), recommended=MIN_STRONG_TOKEN_LENGTH)
+    log.info("admin_enabled", routes="/api")
 
 
 def _log_platforms(settings: Settings, services: Services) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 import uuid
@@ -27,7 +28,7 @@ from gateway.platforms import local_key, simulated
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, telegram_bot_id, webhook_secret
 from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
 from gateway.settings import Settings, load_settings, unknown_env_settings
-from gateway.store import dedup, inbox, migrations
+from gateway.store import dedup, inbox, migrations, sessions
 from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping, safe_url
 from gateway.worker.inbox import InboxWorker
 from gateway.worker.outbound import OutboxDelivery
@@ -107,6 +108,20 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=_positive_int, default=50)
     inbox_commands.add_parser("retry", help="requeue a dead message").add_argument("id", type=int)
 
+    session_commands = commands.add_parser(
+        "sessions", help="conversations (as the admin API shows them)"
+    ).add_subparsers(dest="sessions_command", required=True, metavar="ACTION")
+    session_list = session_commands.add_parser("list", help="newest updated first, one page")
+    session_list.add_argument("--platform", help="only ids starting with PLATFORM: (telegram, whatsapp, cli)")
+    session_list.add_argument("--query", "-q", help="only titles containing this text (ignoring case)")
+    session_list.add_argument("--limit", type=_positive_int, default=sessions.DEFAULT_PAGE_SIZE)
+    session_list.add_argument("--cursor", help="the next page, as printed at the end of the previous one")
+    session_commands.add_parser("show", help="a session with its messages").add_argument("id")
+    rename = session_commands.add_parser("rename", help="set a session's title")
+    rename.add_argument("id")
+    rename.add_argument("title")
+    session_commands.add_parser("delete", help="delete a session and its messages").add_argument("id")
+
     db = commands.add_parser("db", help="database migrations").add_subparsers(
         dest="db_command", required=True, metavar="ACTION"
     )
@@ -157,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "inbox":
             return _inbox(settings, args)
+        if args.command == "sessions":
+            return _sessions(settings, args)
         return _db(settings, args)
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
@@ -355,6 +372,89 @@ def _inbox(settings: Settings, args: argparse.Namespace) -> int:
     if not items:
         print("no inbox rows" + (f" with status {args.status}" if args.status else ""))
     return EXIT_OK
+
+
+def _on_sessions(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    async def migrated(engine: AsyncEngine) -> T:
+        await migrations.ensure_head(engine)
+        return await work(engine)
+
+    return _with_engine(settings, migrated)
+
+
+def _sessions(settings: Settings, args: argparse.Namespace) -> int:
+    """`gateway sessions …`: the admin API's session routes, on the configured database."""
+    action = args.sessions_command
+    if action == "list":
+        return _list_sessions(settings, args)
+    session_id: str = args.id
+    if action == "show":
+        detail = _on_sessions(settings, lambda engine: sessions.get_session(engine, session_id))
+        if detail is None:
+            raise CommandFailed(f"no session {session_id!r}")
+        _print_session(detail)
+    elif action == "rename":
+        try:
+            title = sessions.clean_title(args.title)
+        except ValueError as exc:
+            raise SettingsError(f"invalid TITLE: {exc}") from None
+        renamed = _on_sessions(settings, lambda engine: sessions.rename_session(engine, session_id, title))
+        if renamed is None:
+            raise CommandFailed(f"no session {session_id!r}")
+        print(f"session {session_id} renamed to {title!r}")
+    else:
+        if not _on_sessions(settings, lambda engine: sessions.delete_session(engine, session_id)):
+            raise CommandFailed(f"no session {session_id!r}")
+        print(f"session {session_id} deleted, with its messages")
+    return EXIT_OK
+
+
+def _list_sessions(settings: Settings, args: argparse.Namespace) -> int:
+    after = None
+    if args.cursor is not None:
+        try:
+            after = sessions.Cursor.decode(args.cursor)
+        except ValueError:
+            raise SettingsError("invalid --cursor: use the one printed after the previous page") from None
+    if args.platform is not None and not sessions.is_valid_platform(args.platform):
+        raise SettingsError("invalid --platform: 1-32 characters of A-Z a-z 0-9 _ -")
+    if args.query is not None and not sessions.is_valid_query(args.query):
+        raise SettingsError(f"invalid --query: at most {sessions.MAX_QUERY_LENGTH} characters")
+    limit = min(args.limit, sessions.MAX_PAGE_SIZE)
+    page = _on_sessions(
+        settings,
+        lambda engine: sessions.list_sessions(
+            engine, limit=limit, after=after, platform=args.platform, query=args.query
+        ),
+    )
+    for session in page.sessions:
+        print(
+            f"{session.updated_at:%Y-%m-%d %H:%M:%S}  {session.message_count:>5}  {session.session_id}"
+            f"  {session.title or '(untitled)'}"
+        )
+    if not page.sessions:
+        print("no sessions")
+    if page.next_cursor is not None:
+        print(f"more: gateway sessions list --cursor {page.next_cursor.encode()}")
+    return EXIT_OK
+
+
+def _print_session(detail: sessions.SessionDetail) -> None:
+    session = detail.session
+    print(f"session   {session.session_id}")
+    print(f"title     {session.title or '(untitled)'}")
+    print(f"platform  {session.platform or '-'}")
+    print(f"agent     {session.active_agent or '-'}")
+    print(f"created   {session.created_at:%Y-%m-%d %H:%M:%S} UTC")
+    print(f"updated   {session.updated_at:%Y-%m-%d %H:%M:%S} UTC")
+    print(f"messages  {session.message_count}")
+    for key, value in sorted(detail.metadata.items()):
+        print(f"  {key}: {value}")
+    for message in detail.messages:
+        who = message.role if message.agent_name is None else f"{message.role} ({message.agent_name})"
+        print(f"[{message.created_at:%H:%M:%S}] {who}: {message.content or ''}".rstrip())
+        for call in message.tool_calls:
+            print(f"    -> {call['name']}({json.dumps(call['arguments'], ensure_ascii=False)})")
 
 
 def _db(settings: Settings, args: argparse.Namespace) -> int:

@@ -123,6 +123,10 @@ class Settings(BaseSettings):
         default="data/local.key",
         description="Key file of the local mode (`gateway simulate` without secrets); '' turns it off.",
     )
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the session admin API (/api/…); the API answers 404 without it.",
+    )
 
     @field_validator("model")
     @classmethod
@@ -138,6 +142,7 @@ class Settings(BaseSettings):
         "whatsapp_access_token",
         "telegram_bot_token",
         "telegram_secret_token",
+        "admin_token",
         mode="before",
     )
     @classmethod
@@ -156,6 +161,13 @@ class Settings(BaseSettings):
     def _check_bot_token(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not re.fullmatch(r"\d+:[A-Za-z0-9_-]+", value.get_secret_value()):
             raise ValueError("is not a bot token of the form <digits>:<secret> (see @BotFather)")
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _check_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"[\x21-\x7e]+", value.get_secret_value()):
+            raise ValueError("must be visible ASCII characters without spaces (it is sent in an HTTP header)")
         return value
 
     @field_validator("openai_base_url", "whatsapp_api_base", "telegram_api_base")

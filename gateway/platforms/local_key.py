@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 
@@ -22,8 +23,8 @@ def load_or_create(path: Path) -> str:
     """
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
+        temporary = Path(name)
         with os.fdopen(descriptor, "w") as file:
             # URL-safe characters are valid in both a Telegram secret token and an HMAC key.
             file.write(secrets.token_urlsafe(32))

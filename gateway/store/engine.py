@@ -27,6 +27,13 @@ SQLITE_PRAGMAS = (
 # connection wrote meanwhile; busy_timeout only helps when the lock is taken at BEGIN.
 SQLITE_IMMEDIATE = "sqlite_immediate"
 CONNECT_TIMEOUT_SECONDS = 10
+# SQL function on every SQLite connection: Unicode case folding (SQLite's lower() folds ASCII only),
+# for case-insensitive searches such as the admin API's title filter.
+SQLITE_CASEFOLD = "gateway_casefold"
+
+
+def _casefold(value: object) -> object:
+    return value.casefold() if isinstance(value, str) else value
 
 
 def is_memory_sqlite(url: str | URL) -> bool:
@@ -100,6 +107,7 @@ def _create_sqlite_engine(url: URL, **kwargs: Any) -> AsyncEngine:
         for pragma in SQLITE_PRAGMAS:
             cursor.execute(pragma)
         cursor.close()
+        dbapi_connection.create_function(SQLITE_CASEFOLD, 1, _casefold, deterministic=True)
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:

@@ -12,6 +12,7 @@ from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.tables import InboxRow, OutboxRow
 
 STATUSES = ("pending", "recorded", "done", "dead")
+MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL
 
 
 @dataclass(frozen=True)
@@ -27,28 +28,42 @@ class InboxItem:
     received_at: datetime
 
 
+_ITEM_COLUMNS = (
+    InboxRow.id,
+    InboxRow.platform,
+    InboxRow.session_id,
+    InboxRow.kind,
+    InboxRow.status,
+    InboxRow.attempts,
+    InboxRow.text,
+    InboxRow.last_error,
+    InboxRow.received_at,
+)
+
+
 async def list_items(engine: AsyncEngine, status: str | None = None, limit: int = 50) -> list[InboxItem]:
     """Newest first, optionally of one status."""
-    query = select(
-        InboxRow.id,
-        InboxRow.platform,
-        InboxRow.session_id,
-        InboxRow.kind,
-        InboxRow.status,
-        InboxRow.attempts,
-        InboxRow.text,
-        InboxRow.last_error,
-        InboxRow.received_at,
-    ).order_by(InboxRow.id.desc())
+    query = select(*_ITEM_COLUMNS).order_by(InboxRow.id.desc())
     if status is not None:
         query = query.where(InboxRow.status == status)
     async with engine.connect() as conn:
         return [InboxItem(*row) for row in await conn.execute(query.limit(limit))]
 
 
+async def get_item(engine: AsyncEngine, inbox_id: int) -> InboxItem | None:
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(*_ITEM_COLUMNS).where(InboxRow.id == inbox_id))).one_or_none()
+    return None if row is None else InboxItem(*row)
+
+
 async def retry(engine: AsyncEngine, inbox_id: int) -> bool:
     """Put a dead row back in the queue with fresh attempts; False if there is no dead row with that id."""
-    requeue = (
+    return await requeue(engine, inbox_id) is not None
+
+
+async def requeue(engine: AsyncEngine, inbox_id: int) -> InboxItem | None:
+    """Like `retry`, answering the row as the requeue left it (None if there is no dead row with that id)."""
+    statement = (
         update(InboxRow)
         .where(InboxRow.id == inbox_id, InboxRow.status == "dead")
         .values(
@@ -58,9 +73,11 @@ async def retry(engine: AsyncEngine, inbox_id: int) -> bool:
             lease_owner=None,
             lease_until=None,
         )
+        .returning(*_ITEM_COLUMNS)
     )
     async with engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
-        return bool((await conn.execute(requeue)).rowcount)
+        row = (await conn.execute(statement)).one_or_none()
+    return None if row is None else InboxItem(*row)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
@@ -25,6 +25,7 @@ from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.local_key import is_loopback
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS
 from gateway.store.ingest import ChatState, DeliveryStatus, InboxEntry, IngestItem, IngestWriter
+from gateway.web.bodies import read_limited
 from gateway.web.errors import error_response, request_id_of
 
 log = structlog.get_logger(__name__)
@@ -55,7 +56,7 @@ async def receive(request: Request) -> Response:
         if adapter is None:
             return _not_enabled(platform, rid)
 
-    body = await _read_limited(request, webhooks.max_body_bytes)
+    body = await read_limited(request, webhooks.max_body_bytes)
     if body is None:
         return error_response(
             413, "payload_too_large", rid, detail=f"body over {webhooks.max_body_bytes} bytes"
@@ -128,22 +129,6 @@ def _not_enabled(platform: str, rid: str | None) -> Response:
         return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
     detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
     return error_response(404, "platform_disabled", rid, detail=detail)
-
-
-async def _read_limited(request: Request, limit: int) -> bytes | None:
-    """The body, or None as soon as it is known to exceed `limit` (without reading the rest)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                return None
-    except ClientDisconnect:
-        return bytes(body)
-    return bytes(body)
 
 
 def _ingest_items(
