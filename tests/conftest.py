@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import BaseSessionStore, SessionStore, SQLiteSessionStore, SQLSessionStore
+from gateway.store import migrations
 from gateway.store.engine import create_engine
 from tests.helpers import postgres_database
 
@@ -48,6 +50,21 @@ def database_url(request: pytest.FixtureRequest) -> str:
     fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
     url: str = request.getfixturevalue(fixture)
     return url
+
+
+@pytest.fixture
+def migrated_url(database_url: str) -> str:
+    """`database_url` with the schema at head, for tests that start the app or read tables."""
+
+    async def migrate() -> None:
+        engine = create_engine(database_url)
+        try:
+            await migrations.upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(migrate())
+    return database_url
 
 
 @pytest.fixture

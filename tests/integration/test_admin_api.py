@@ -23,7 +23,6 @@ from gateway.agents import Agent, Message, Role, Runner, SessionDeletedError, SQ
 from gateway.agents.models.base import ToolSpec
 from gateway.app import create_app
 from gateway.settings import Settings
-from gateway.store import migrations
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow, MessageRow, SessionRow
 from tests.helpers import serve_in_thread
@@ -45,18 +44,9 @@ def path_of(session_id: str) -> str:
     return f"/api/sessions/{quote(session_id, safe='')}"
 
 
-async def migrated(url: str) -> None:
-    engine = create_engine(url)
-    try:
-        await migrations.upgrade(engine)
-    finally:
-        await engine.dispose()
-
-
 @pytest.fixture
-def url(database_url: str) -> str:
-    asyncio.run(migrated(database_url))
-    return database_url
+def url(migrated_url: str) -> str:
+    return migrated_url
 
 
 def settings(url: str, **overrides: Any) -> Settings:
@@ -652,9 +642,10 @@ def test_bad_input_gets_a_json_4xx_and_changes_nothing(client: httpx.Client) -> 
 
 
 @pytest.mark.slow
-def test_a_database_that_does_not_answer_gets_503(sqlite_url: str) -> None:
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_database_that_does_not_answer_gets_503(migrated_url: str) -> None:
     """Another process holds SQLite's write lock past the busy timeout: the write is refused, not a 500."""
-    asyncio.run(migrated(sqlite_url))
+    sqlite_url = migrated_url
     path = make_url(sqlite_url).database
     assert path is not None
     with (

@@ -14,7 +14,6 @@ from sqlalchemy import func, select
 from gateway.app import create_app
 from gateway.platforms import local_key, simulated
 from gateway.settings import Settings
-from gateway.store import migrations
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow
 from tests.helpers import serve_in_thread
@@ -22,11 +21,9 @@ from tests.helpers import serve_in_thread
 KEY_FILE = "data/local.key"
 
 
-async def _migrate_and_count(url: str, migrate: bool) -> int:
+async def _count(url: str) -> int:
     engine = create_engine(url)
     try:
-        if migrate:
-            await migrations.upgrade(engine)
         async with engine.connect() as conn:
             return int((await conn.execute(select(func.count()).select_from(InboxRow))).scalar_one())
     finally:
@@ -40,13 +37,12 @@ def started(base: str) -> str:
 
 
 def inbox_rows(url: str) -> int:
-    return asyncio.run(_migrate_and_count(url, migrate=False))
+    return asyncio.run(_count(url))
 
 
 @pytest.fixture
-def url(database_url: str) -> str:
-    asyncio.run(_migrate_and_count(database_url, migrate=True))
-    return database_url
+def url(migrated_url: str) -> str:
+    return migrated_url
 
 
 @pytest.fixture

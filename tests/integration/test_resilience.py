@@ -21,7 +21,6 @@ from gateway.agents import Agent
 from gateway.app import create_app
 from gateway.platforms.whatsapp import WhatsAppAdapter
 from gateway.settings import Settings
-from gateway.store import migrations
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow, OutboxRow
 from tests.fakes import FakeOpenAI, FakeWhatsApp
@@ -35,14 +34,8 @@ DEFAULT_MODEL_AGENT = Agent("assistant", "Answer briefly.")
 
 
 @pytest.fixture
-def url(database_url: str) -> str:
-    async def migrate() -> None:
-        engine = create_engine(database_url)
-        await migrations.upgrade(engine)
-        await engine.dispose()
-
-    asyncio.run(migrate())
-    return database_url
+def url(migrated_url: str) -> str:
+    return migrated_url
 
 
 def query(url: str, statement: Any) -> list[Any]:

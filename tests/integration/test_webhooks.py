@@ -16,7 +16,6 @@ from sqlalchemy import func, select, text
 from gateway.app import create_app
 from gateway.platforms.whatsapp import WhatsAppAdapter
 from gateway.settings import Settings
-from gateway.store import migrations
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow, OutboxRow, ProcessedMessageRow
 from tests.helpers import serve_in_thread
@@ -56,14 +55,8 @@ def count(url: str, table: Any) -> int:
 
 
 @pytest.fixture
-def url(database_url: str) -> str:
-    async def migrate() -> None:
-        engine = create_engine(database_url)
-        await migrations.upgrade(engine)
-        await engine.dispose()
-
-    asyncio.run(migrate())
-    return database_url
+def url(migrated_url: str) -> str:
+    return migrated_url
 
 
 @pytest.fixture
