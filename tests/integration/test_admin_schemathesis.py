@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from gateway.app import create_app
 from gateway.web.openapi import document
 from tests.helpers import serve_in_thread
-from tests.integration.test_admin_api import AUTH, add_inbox_rows, converse, migrated
+from tests.integration.test_admin_api import AUTH, add_inbox_rows, converse
 from tests.integration.test_admin_api import settings as gateway_settings
 
 pytestmark = pytest.mark.slow
@@ -40,12 +40,11 @@ schema = schemathesis.openapi.from_dict(document(), config=schemathesis.Config.f
 
 
 @pytest.fixture
-def base(database_url: str) -> Iterator[str]:
+def base(migrated_url: str) -> Iterator[str]:
     """The app on a loopback port, with a conversation and inbox rows for the requests to find."""
-    asyncio.run(migrated(database_url))
-    asyncio.run(converse(database_url, "telegram:42", "Where is order 1001?", "Thanks"))
-    add_inbox_rows(database_url, ["dead", "done", "dead"])
-    with serve_in_thread(create_app(gateway_settings(database_url))) as served:
+    asyncio.run(converse(migrated_url, "telegram:42", "Where is order 1001?", "Thanks"))
+    add_inbox_rows(migrated_url, ["dead", "done", "dead"])
+    with serve_in_thread(create_app(gateway_settings(migrated_url))) as served:
         yield served
 
 
