@@ -6,12 +6,16 @@ Run from the repository root, with the project's virtualenv active (or call its 
 
 It needs wrk (Debian/Ubuntu: ``apt-get install -y wrk``). It starts, on free loopback ports, the
 real ``gateway serve`` (the ``gateway`` script next to this python, in a temporary directory, so its
-database is ``./data/gateway.db`` there, Telegram enabled by GATEWAY_TELEGRAM_SECRET_TOKEN, logs at
-warning) and a bare Starlette app that only reads the body (benchmarks/webhooks_bare_app.py) under
-uvicorn with the same server settings (one worker, ``--loop auto --http auto``, no access log, no
-server header). wrk drives both the same way (``wrk -t2 -c64 -d10s --latency --timeout=10s -s
-benchmarks/webhooks_post.lua URL``): every request POSTs a Telegram update with a new update_id and
-the secret header. After a warm-up of each, the rounds alternate which server goes first.
+database is ``./data/gateway.db`` there, Telegram enabled by GATEWAY_TELEGRAM_SECRET_TOKEN, replies
+sent to a fake Bot API on loopback served by this process, logs at warning) and a bare Starlette app
+that only reads the body (benchmarks/webhooks_bare_app.py) under uvicorn with the same server
+settings (one worker, ``--loop auto --http auto``, no access log, no server header). wrk drives both
+the same way (``wrk -t2 -c64 -d10s --latency --timeout=10s -s benchmarks/webhooks_post.lua URL``):
+every request POSTs a Telegram text message update with a new update_id and the secret header. The
+gateway's inbox worker (part of ``serve``) runs an agent turn for each meanwhile. After a warm-up
+of each, the rounds alternate which server goes first. While the bare app is loaded, the gateway
+process is paused (SIGSTOP, then SIGCONT), so the backlog of turns it works off between its own runs
+takes no CPU from the bare app.
 
 Then it stops the gateway (SIGTERM) and opens its database: every update answered 200 must have its
 inbox row (the ids the gateway acknowledged are checked one by one), and the inbox must hold no row
@@ -25,6 +29,8 @@ default 10), ``--warmup`` (default 3), ``--rounds`` (default 3), ``--connections
 from __future__ import annotations
 
 import argparse
+import http.server
+import json
 import os
 import platform
 import re
@@ -36,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,11 +133,12 @@ def _wait_ready(server: Server, probe: urllib.request.Request) -> None:
     raise SystemExit(f"{server.name} was not ready within {START_TIMEOUT:.0f} s:\n{server.log_tail()}")
 
 
-def start_gateway(workdir: Path) -> Server:
+def start_gateway(workdir: Path, api_base: str) -> Server:
     port = free_port()
     env = _clean_env() | {
         "GATEWAY_TELEGRAM_SECRET_TOKEN": SECRET,
         "GATEWAY_TELEGRAM_BOT_TOKEN": BOT_TOKEN,
+        "GATEWAY_TELEGRAM_API_BASE": api_base,
         "GATEWAY_LOG_LEVEL": "warning",
         "GATEWAY_LOG_FORMAT": "json",
     }
@@ -172,6 +180,54 @@ def start_bare(workdir: Path) -> Server:
     server = _start("bare", argv, workdir, _clean_env(), url)
     _wait_ready(server, urllib.request.Request(url, data=b"{}", method="POST"))
     return server
+
+
+# --- the platform the gateway replies to --------------------------------------------------------
+class FakeBotAPI:
+    """A stand-in for the Telegram Bot API on loopback, so the gateway's replies go somewhere real.
+
+    Every method succeeds (sendMessage with a new message_id); the calls are counted. It runs on a
+    thread of this process, which is idle while wrk runs.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the real API
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                method = self.path.rsplit("/", 1)[-1]
+                with api._lock:
+                    api.calls[method] = api.calls.get(method, 0) + 1
+                    number = sum(api.calls.values())
+                result: object = {"message_id": number} if method == "sendMessage" else True
+                body = json.dumps({"ok": True, "result": result}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass  # the gateway hanging up at its stop is no news
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-bot-api", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 # --- wrk ---------------------------------------------------------------------------------------------
@@ -310,15 +366,17 @@ class Durability:
         return self.inbox_rows - self.ok_responses
 
 
-def inbox_update_ids(database: Path) -> set[int]:
+def inbox_update_ids(database: Path) -> tuple[set[int], dict[str, int]]:
+    """The update ids of the inbox rows, and the number of rows by status."""
     connection = sqlite3.connect(database)
     try:
         keys = [row[0] for row in connection.execute("SELECT dedup_key FROM chatflow_inbox")]
+        statuses = dict(connection.execute("SELECT status, count(*) FROM chatflow_inbox GROUP BY status"))
     finally:
         connection.close()
     bot_id = BOT_TOKEN.split(":")[0]
     prefix = f"tg:{bot_id}:"
-    return {int(key.removeprefix(prefix)) for key in keys if key.startswith(prefix)}
+    return {int(key.removeprefix(prefix)) for key in keys if key.startswith(prefix)}, statuses
 
 
 def check_durability(runs: list[Run], stored: set[int]) -> Durability:
@@ -347,6 +405,8 @@ class Results:
     durability: Durability
     gateway_exit: int
     seconds: float
+    inbox_statuses: dict[str, int]  # every inbox row (warm-ups too) by status, after the stop
+    api_calls: dict[str, int]  # Bot API calls the gateway made (replies, typing indicators)
 
 
 def measure(args: argparse.Namespace) -> Results:
@@ -354,11 +414,17 @@ def measure(args: argparse.Namespace) -> Results:
     with tempfile.TemporaryDirectory(prefix="chatflow-gateway-webhooks-") as tmp:
         workdir = Path(tmp)
         log("starting gateway serve and the bare app ...")
-        gateway = start_gateway(workdir)
+        api = FakeBotAPI()
+        try:
+            gateway = start_gateway(workdir, api.base)
+        except BaseException:
+            api.close()
+            raise
         try:
             bare = start_bare(workdir)
         except BaseException:
             gateway.stop()
+            api.close()
             raise
         runs: dict[str, list[Run]] = {"gateway": [], "bare": []}
         counter = 0
@@ -366,7 +432,15 @@ def measure(args: argparse.Namespace) -> Results:
         def one(server: Server, seconds: int) -> Run:
             nonlocal counter
             counter += 1
-            return run_wrk(server, counter * ID_SPAN_PER_RUN, args, seconds, workdir / f"acked-{counter}")
+            if server is bare:
+                # The gateway keeps working off its backlog of turns between its runs: frozen while
+                # the bare app is measured, it takes no CPU from it (its own state is untouched).
+                gateway.process.send_signal(signal.SIGSTOP)
+            try:
+                return run_wrk(server, counter * ID_SPAN_PER_RUN, args, seconds, workdir / f"acked-{counter}")
+            finally:
+                if server is bare:
+                    gateway.process.send_signal(signal.SIGCONT)
 
         try:
             for server in (bare, gateway):
@@ -386,10 +460,19 @@ def measure(args: argparse.Namespace) -> Results:
             bare.stop()
             log("stopping gateway serve (SIGTERM) ...")
             gateway_exit = gateway.stop()
+            api.close()
         database = workdir / "data" / "gateway.db"
-        stored = inbox_update_ids(database)
+        stored, statuses = inbox_update_ids(database)
         durability = check_durability(runs["gateway"], stored)
-    return Results(runs["gateway"], runs["bare"], durability, gateway_exit, time.perf_counter() - started)
+    return Results(
+        runs["gateway"],
+        runs["bare"],
+        durability,
+        gateway_exit,
+        time.perf_counter() - started,
+        statuses,
+        dict(api.calls),
+    )
 
 
 # --- reporting -----------------------------------------------------------------------------------
@@ -435,6 +518,10 @@ def table(results: Results) -> str:
     )
 
 
+def _statuses(counts: dict[str, int]) -> str:
+    return ", ".join(f"{count:,} {name}" for name, count in sorted(counts.items())) or "nothing"
+
+
 def report(results: Results, args: argparse.Namespace) -> str:
     d = results.durability
     detail = [
@@ -471,9 +558,16 @@ rounds alternate which server goes first. Every request POSTs a Telegram text me
 `Content-Type: application/json`, `X-Telegram-Bot-Api-Secret-Token` and `X-Request-ID: u<update_id>`.
 - **Ours**: `gateway serve --port P` (one worker, uvicorn's `loop=auto`, `http=auto`), SQLite file \
 `./data/gateway.db` in a temporary directory, GATEWAY_LOG_LEVEL=warning, GATEWAY_LOG_FORMAT=json. \
-Each 200 means the update's dedup key and inbox row were committed (group commit).
+Each 200 means the update's dedup key and inbox row were committed (group commit). Every update is a \
+text message, so each is stored `pending` and its in-process inbox worker runs an agent turn for it \
+(the demo agent) while the load goes on, and replies through a fake Bot API on loopback \
+(GATEWAY_TELEGRAM_API_BASE; every call succeeds) at the default pacing. At the stop the inbox held \
+{_statuses(results.inbox_statuses)} (warm-ups included: the backlog the worker had not reached yet is \
+`pending`); the fake API had answered {_statuses(results.api_calls)}.
 - **Bare**: `uvicorn webhooks_bare_app:app --workers 1 --loop auto --http auto --log-level warning \
---no-access-log --no-server-header`: a Starlette route that reads the body and answers 200 JSON.
+--no-access-log --no-server-header`: a Starlette route that reads the body and answers 200 JSON. \
+While it is loaded the gateway process is paused (SIGSTOP/SIGCONT), so the gateway's backlog of \
+turns takes no CPU from it.
 - **Acks/s**: 200 responses / the run's duration. **Durability**: after the runs the gateway is \
 stopped with SIGTERM (exit code {results.gateway_exit}) and its inbox read with sqlite3: \
 {d.inbox_rows:,} rows for the measured runs' ids, {d.ok_responses:,} 200s received by wrk \

@@ -1,21 +1,47 @@
-"""Prometheus metrics, one registry per app (no global state, so tests and apps don't share)."""
+"""Prometheus metrics, one registry per app (no global state, so tests and apps don't share).
+
+The HTTP request metrics are counted in plain Python numbers and turned into Prometheus samples only
+when /metrics is scraped: a prometheus_client Counter and Histogram take locks and walk the buckets
+on every request, which costs several microseconds on the webhook path at thousands of requests per
+second. Only the event loop's thread observes and scrapes them, so they need no lock. The exposition
+is the same as those metrics': `gateway_http_requests_total` (with `_created`) and the
+`gateway_http_request_duration_seconds` histogram (with `_created`).
+"""
 
 from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    Counter,
-    Histogram,
     gc_collector,
     generate_latest,
     platform_collector,
     process_collector,
 )
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
 from starlette.requests import Request
 from starlette.responses import Response
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LABELS = ("method", "route", "status")
+_BUCKET_NAMES = (*(str(float(bound)) for bound in LATENCY_BUCKETS), "+Inf")  # as prometheus_client
+
+
+class _Series:
+    """One (method, route, status): requests, their total seconds, and how many fell in each bucket."""
+
+    __slots__ = ("count", "created", "in_bucket", "seconds")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self.in_bucket = [0] * (len(LATENCY_BUCKETS) + 1)  # not cumulative; the last is over 10 s
+        self.created = time.time()
 
 
 class HttpMetrics:
@@ -26,24 +52,43 @@ class HttpMetrics:
         process_collector.ProcessCollector(registry=self.registry)
         platform_collector.PlatformCollector(registry=self.registry)
         gc_collector.GCCollector(registry=self.registry)
-        self.requests = Counter(
-            "gateway_http_requests",
-            "HTTP requests answered, by method, route template and status.",
-            ["method", "route", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "gateway_http_request_duration_seconds",
-            "Time from request start to the end of the response, by method, route and status.",
-            ["method", "route", "status"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self._series: dict[tuple[str, str, int], _Series] = {}
+        self.registry.register(self)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
-        labels = (method, route, str(status))
-        self.requests.labels(*labels).inc()
-        self.latency.labels(*labels).observe(seconds)
+        series = self._series.get((method, route, status))
+        if series is None:
+            series = self._series[(method, route, status)] = _Series()
+        series.count += 1
+        series.seconds += seconds
+        series.in_bucket[bisect_left(LATENCY_BUCKETS, seconds)] += 1  # buckets are "less or equal"
+
+    def collect(self) -> Iterator[Metric]:
+        """The prometheus_client collector interface: the samples as of now."""
+        requests = CounterMetricFamily(
+            "gateway_http_requests",
+            "HTTP requests answered, by method, route template and status.",
+            labels=_LABELS,
+        )
+        latency = HistogramMetricFamily(
+            "gateway_http_request_duration_seconds",
+            "Time from request start to the end of the response, by method, route and status.",
+            labels=_LABELS,
+        )
+        for (method, route, status), series in list(self._series.items()):
+            labels = [method, route, str(status)]
+            requests.add_metric(labels, series.count, created=series.created)
+            cumulative = 0
+            buckets = []
+            for name, count in zip(_BUCKET_NAMES, series.in_bucket, strict=True):
+                cumulative += count
+                buckets.append((name, float(cumulative)))
+            latency.add_metric(labels, buckets, series.seconds)
+            latency.samples.append(
+                Sample(latency.name + "_created", dict(zip(_LABELS, labels, strict=True)), series.created)
+            )
+        yield requests
+        yield latency
 
     async def endpoint(self, request: Request) -> Response:
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

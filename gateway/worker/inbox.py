@@ -19,20 +19,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import Message, Runner
 from gateway.domain.text import split_message
 from gateway.store import queue
-from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.tables import InboxRow
 from gateway.store.turns import InboxCompletion, LeaseLostError, OutboxEntry
 from gateway.worker.maintenance import wait_for_wake
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_CONCURRENCY = 8
+DEFAULT_CONCURRENCY = 32
 LEASE_SECONDS = 300  # longer than any turn should take; a dead worker's rows wait this long
 MAX_ATTEMPTS = 5
 IDLE_POLL_SECONDS = 0.5  # how often an idle worker looks for rows other processes stored
@@ -70,6 +68,7 @@ class InboxWorker:
         self.max_attempts = max_attempts
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._wake = asyncio.Event()
+        self._claim_at = max(1, concurrency // 4)  # free slots worth a claim while others are busy
         self._postgres = engine.dialect.name == "postgresql"
 
     def wake(self) -> None:
@@ -84,7 +83,12 @@ class InboxWorker:
             while True:
                 self._wake.clear()
                 free = self.concurrency - len(running)
-                claimed = await self._claim_safely(free) if free > 0 else []
+                if free < self._claim_at and running:
+                    # Let a few slots free up: one claim then takes several rows (a claim reads the
+                    # backlog, whatever its limit).
+                    await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
+                    continue
+                claimed = await self._claim_safely(free)
                 for row in claimed:
                     task = asyncio.create_task(self.process(row), name=f"turn-{row.id}")
                     running.add(task)
@@ -150,16 +154,14 @@ class InboxWorker:
 
     async def _release(self, row: ClaimedRow) -> None:
         try:
-            async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
-                await conn.execute(
-                    update(InboxRow)
-                    .where(
-                        InboxRow.id == row.id,
-                        InboxRow.lease_owner == self.owner,
-                        InboxRow.status == "pending",
-                    )
-                    .values(lease_owner=None, lease_until=None)
-                )
+            await queue.update_row(
+                self.engine,
+                InboxRow,
+                row.id,
+                {"lease_owner": None, "lease_until": None},
+                lease_owner=self.owner,
+                status="pending",
+            )
         except Exception as exc:  # the lease expires on its own
             log.warning("turn_release_failed", error=type(exc).__name__)
 
@@ -179,12 +181,7 @@ class InboxWorker:
         if dead:
             values.update(status="dead", finished_at=now)
         try:
-            async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
-                await conn.execute(
-                    update(InboxRow)
-                    .where(InboxRow.id == row.id, InboxRow.lease_owner == self.owner)
-                    .values(**values)
-                )
+            await queue.update_row(self.engine, InboxRow, row.id, values, lease_owner=self.owner)
         except Exception as store_error:  # the lease expires and the row is retried anyway
             log.warning("turn_failure_not_recorded", error=type(store_error).__name__)
         if dead:

@@ -1,10 +1,15 @@
 """Delivery: claims outbox rows in order per conversation and sends them through the platform's sender.
 
 The platform's message id is stored in the same statement that marks the row sent, so a row is sent at
-most once after the platform accepted it (the only window is a crash between the two). Transient
-failures back off (honouring the platform's retry-after); permanent ones are recorded with the
-platform's code. A platform without a sending token is dry-run: the row is marked `dry_run` and its
-text logged, so the whole path can be watched offline.
+most once after the platform accepted it (the only window is a crash between the two; on an SQLite
+file that statement commits with the other writes queued at the same moment, see store/queue.py).
+Transient failures back off (honouring the platform's retry-after); permanent ones are recorded with
+the platform's code. A platform without a sending token is dry-run: the row is marked `dry_run` and
+its text logged, so the whole path can be watched offline.
+
+Up to `concurrency` rows are in flight at once: rows are claimed as slots free up, several per claim,
+and each is recorded as soon as its platform answered. A conversation's next row becomes claimable
+only once the row before it is recorded, so replies leave in order.
 """
 
 from __future__ import annotations
@@ -14,26 +19,46 @@ import os
 import random
 import socket
 import uuid
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.platforms.base import DeliveryError, Sender
 from gateway.store import queue
-from gateway.store.engine import SQLITE_IMMEDIATE
-from gateway.store.tables import ChatRow, OutboxRow
+from gateway.store.tables import OutboxRow
 from gateway.worker.maintenance import wait_for_wake
 from gateway.worker.pacing import Pacer, PacingLimits
 
 log = structlog.get_logger(__name__)
 
+DEFAULT_CONCURRENCY = 16  # sends in flight at once
 LEASE_SECONDS = 60
 MAX_ATTEMPTS = 8
 BACKOFF_CAP_SECONDS = 600
 IDLE_POLL_SECONDS = 0.5
+_COLUMNS = [
+    OutboxRow.platform,
+    OutboxRow.session_id,
+    OutboxRow.kind,
+    OutboxRow.text,
+    OutboxRow.target_json,
+    OutboxRow.attempts,
+]
+
+
+@dataclass(frozen=True)
+class ClaimedReply:
+    id: int
+    platform: str
+    session_id: str
+    kind: str
+    text: str | None
+    target: dict[str, Any]
+    attempts: int
+    reachable: bool = True  # False once the platform said the bot was removed from (or blocked in) the chat
 
 
 class OutboxDelivery:
@@ -42,7 +67,7 @@ class OutboxDelivery:
         engine: AsyncEngine,
         senders: dict[str, Sender],
         *,
-        concurrency: int = 8,
+        concurrency: int = DEFAULT_CONCURRENCY,
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
         pacing: PacingLimits | None = None,
@@ -56,107 +81,123 @@ class OutboxDelivery:
         self.max_attempts = max_attempts
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}:out"
         self._wake = asyncio.Event()
+        self._claim_at = max(1, concurrency // 4)  # free slots worth a claim while others are busy
+        self._recording: set[asyncio.Task[bool]] = set()
 
     def wake(self) -> None:
         self._wake.set()
 
     async def run(self) -> None:
         """Deliver until cancelled."""
-        while True:
-            self._wake.clear()
-            try:
-                delivered = await self.run_until_idle()
-            except Exception as exc:  # the database may be briefly away
-                log.warning("delivery_round_failed", error=type(exc).__name__)
-                delivered = 0
-            if not delivered:
-                await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
+        running: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                self._wake.clear()
+                free = self.concurrency - len(running)
+                if free < self._claim_at and running:
+                    # Let a few slots free up: one claim then takes several rows (a claim reads the
+                    # backlog, whatever its limit).
+                    await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
+                    continue
+                rows = await self._claim_safely(free)
+                for row in rows:
+                    task = asyncio.create_task(self.deliver(row), name=f"reply-{row.id}")
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    task.add_done_callback(lambda _: self._wake.set())
+                if not rows:
+                    await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            # What the platforms accepted is recorded before this returns (and the database closes).
+            await asyncio.gather(*self._recording, return_exceptions=True)
 
     async def run_until_idle(self) -> int:
+        """Deliver until no row is claimable; return how many were handled (for tests and one-shot use)."""
         total = 0
-        columns = [
-            OutboxRow.platform,
-            OutboxRow.session_id,
-            OutboxRow.kind,
-            OutboxRow.text,
-            OutboxRow.target_json,
-            OutboxRow.attempts,
-        ]
-        lease = timedelta(seconds=LEASE_SECONDS)
-        while rows := await queue.claim(self.engine, OutboxRow, columns, self.owner, lease, self.concurrency):
-            await asyncio.gather(*(self.deliver(*row) for row in rows))
+        while rows := await self.claim(self.concurrency):
+            await asyncio.gather(*(self.deliver(row) for row in rows))
             total += len(rows)
         return total
 
-    async def deliver(
-        self,
-        row_id: int,
-        platform: str,
-        session_id: str,
-        kind: str,
-        text: str | None,
-        target: dict[str, Any],
-        attempts: int,
-    ) -> None:
-        if not await self._reachable(platform, target):
+    async def _claim_safely(self, limit: int) -> list[ClaimedReply]:
+        try:
+            return await self.claim(limit)
+        except Exception as exc:  # the database may be briefly away; try again at the next poll
+            log.warning("delivery_claim_failed", error=type(exc).__name__)
+            return []
+
+    async def claim(self, limit: int) -> list[ClaimedReply]:
+        lease = timedelta(seconds=LEASE_SECONDS)
+        claimed, unreachable = await queue.claim_with_chats(
+            self.engine, OutboxRow, _COLUMNS, self.owner, lease, limit
+        )
+        rows = [ClaimedReply(*row) for row in claimed]
+        if not unreachable:
+            return rows
+        return [
+            replace(row, reachable=False)
+            if (row.platform, str(row.target.get("chat_id"))) in unreachable
+            else row
+            for row in rows
+        ]
+
+    async def deliver(self, row: ClaimedReply) -> None:
+        if not row.reachable:
             log.warning(
-                "reply_skipped_unreachable", outbox_id=row_id, platform=platform, session_id=session_id
+                "reply_skipped_unreachable",
+                outbox_id=row.id,
+                platform=row.platform,
+                session_id=row.session_id,
             )
             await self._finish(
-                row_id,
+                row.id,
                 status="failed",
                 error_code="unreachable",
                 error_message="the bot was removed or blocked",
             )
             return
-        sender = self.senders.get(platform)
+        sender = self.senders.get(row.platform)
         if sender is None:
             log.info(
                 "reply_dry_run",
-                outbox_id=row_id,
-                platform=platform,
-                session_id=session_id,
-                kind=kind,
-                text=text,
+                outbox_id=row.id,
+                platform=row.platform,
+                session_id=row.session_id,
+                kind=row.kind,
+                text=row.text,
             )
-            await self._finish(row_id, status="dry_run")
+            await self._finish(row.id, status="dry_run")
             return
-        if self.pacing is not None and kind == "text":
-            delay = self._pacer.reserve(self.pacing.limits(platform, target))
+        if self.pacing is not None and row.kind == "text":
+            delay = self._pacer.reserve(self.pacing.limits(row.platform, row.target))
             if delay > 0:
                 await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
         try:
-            message_id = await sender.send(kind, text, target)
+            message_id = await sender.send(row.kind, row.text, row.target)
         except DeliveryError as exc:
-            await self._failed(row_id, attempts + 1, exc)
+            await self._failed(row.id, row.attempts + 1, exc)
             return
         except Exception as exc:  # a bug or an unexpected answer: retried like a transient failure
             await self._failed(
-                row_id, attempts + 1, DeliveryError(f"{type(exc).__name__}: {exc}", permanent=False)
+                row.id, row.attempts + 1, DeliveryError(f"{type(exc).__name__}: {exc}", permanent=False)
             )
             return
-        await self._finish(row_id, status="sent", platform_message_id=message_id)
-        log.info("reply_sent", outbox_id=row_id, platform=platform, session_id=session_id, kind=kind)
-
-    async def _reachable(self, platform: str, target: dict[str, Any]) -> bool:
-        """False once the platform said the bot was removed from (or blocked in) the chat."""
-        chat_id = target.get("chat_id")
-        if chat_id is None:
-            return True
-        async with self.engine.connect() as conn:
-            reachable = await conn.scalar(
-                select(ChatRow.reachable).where(ChatRow.platform == platform, ChatRow.chat_id == str(chat_id))
-            )
-        return reachable is not False
+        await self._finish(row.id, status="sent", platform_message_id=message_id)
+        log.info(
+            "reply_sent", outbox_id=row.id, platform=row.platform, session_id=row.session_id, kind=row.kind
+        )
 
     async def _finish(self, row_id: int, **values: Any) -> None:
-        now = datetime.now(UTC)
-        async with self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
-            await conn.execute(
-                update(OutboxRow)
-                .where(OutboxRow.id == row_id)
-                .values(lease_owner=None, lease_until=None, updated_at=now, **values)
-            )
+        values.update(lease_owner=None, lease_until=None, updated_at=datetime.now(UTC))
+        # A task of its own, shielded: a send the platform accepted is recorded even when shutdown
+        # cancels the delivery, which waits for it (see run).
+        recording = asyncio.ensure_future(queue.update_row(self.engine, OutboxRow, row_id, values))
+        self._recording.add(recording)
+        recording.add_done_callback(self._recording.discard)
+        await asyncio.shield(recording)
 
     async def _failed(self, row_id: int, attempts: int, exc: DeliveryError) -> None:
         final = exc.permanent or attempts >= self.max_attempts

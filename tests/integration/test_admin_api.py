@@ -447,6 +447,40 @@ async def test_a_turn_running_on_a_deleted_session_fails_and_writes_nothing(url:
     assert (sessions[0][0], messages[0][0]) == (0, 0)
 
 
+async def test_a_rename_made_while_a_turn_runs_is_kept(url: str) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    class Blocking:
+        async def respond(
+            self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]
+        ) -> Message:
+            entered.set()
+            await release.wait()
+            return Message(Role.MODEL, "Still here.")
+
+    store = SQLSessionStore(url)
+    agent = Agent("Support", "Help.", model=OrderModel(), tools=[check_order])
+    runner = Runner(agent, store)
+    try:
+        await runner.run_async("telegram:8", "Where is order 1001?")
+        agent.model = Blocking()
+        turn = asyncio.create_task(runner.run_async("telegram:8", "Are you there?"))
+        async with asyncio.timeout(30):
+            await entered.wait()
+        with serve_in_thread(create_app(settings(url))) as served:
+            async with httpx.AsyncClient(base_url=served, headers=AUTH) as client:
+                renamed = await client.put(path_of("telegram:8"), json={"title": "Renamed mid-turn"})
+                assert renamed.status_code == 200
+                release.set()
+                assert (await turn).content == "Still here."
+                detail = (await client.get(path_of("telegram:8"))).json()
+        assert detail["title"] == "Renamed mid-turn"
+        assert detail["messages"][-1]["content"] == "Still here."  # the turn itself committed
+    finally:
+        release.set()
+        await store.aclose()
+
+
 # --- the inbox ----------------------------------------------------------------------------------------
 def add_inbox_rows(url: str, statuses: list[str]) -> list[int]:
     async def add() -> list[int]:

@@ -128,3 +128,52 @@ def test_unhandled_error_is_500_json_with_request_id_and_logged_traceback(
     access = next(e for e in events if e["event"] == "request_finished" and e["path"] == "/boom")
     assert access["status"] == 500
     assert set(access) >= {"method", "path", "status", "duration_ms", "request_id"}
+
+
+def test_metrics_histogram_has_its_buckets_count_sum_and_created(sqlite_url: str) -> None:
+    with serve_in_thread(create_app(Settings(database_url=sqlite_url))) as base:
+        for _ in range(3):
+            httpx.get(f"{base}/healthz")
+        text = httpx.get(f"{base}/metrics").text
+    labels = 'method="GET",route="/healthz",status="200"'
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"
+    }
+    buckets = [
+        samples[f'gateway_http_request_duration_seconds_bucket{{le="{le}",{labels}}}']
+        for le in (
+            "0.001",
+            "0.0025",
+            "0.005",
+            "0.01",
+            "0.025",
+            "0.05",
+            "0.1",
+            "0.25",
+            "0.5",
+            "1.0",
+            "2.5",
+            "5.0",
+            "10.0",
+            "+Inf",
+        )
+    ]
+    assert buckets == sorted(buckets)  # cumulative
+    assert buckets[-1] == samples[f"gateway_http_request_duration_seconds_count{{{labels}}}"] == 3
+    assert 0 < samples[f"gateway_http_request_duration_seconds_sum{{{labels}}}"] < 3 * 10
+    assert samples[f"gateway_http_requests_total{{{labels}}}"] == 3
+    assert samples[f"gateway_http_requests_created{{{labels}}}"] > 1e9
+    assert samples[f"gateway_http_request_duration_seconds_created{{{labels}}}"] > 1e9
+    assert "# TYPE gateway_http_request_duration_seconds histogram" in text
+    assert "# TYPE gateway_http_requests_total counter" in text
+
+
+def test_the_request_id_header_is_set_once_even_when_the_answer_has_one(sqlite_url: str) -> None:
+    # error_response puts X-Request-ID on its answers itself; the middleware must not add a second.
+    with serve_in_thread(create_app(Settings(database_url=sqlite_url))) as base:
+        missing = httpx.get(f"{base}/no-such-route", headers={"X-Request-ID": "req-404"})
+        fine = httpx.get(f"{base}/healthz", headers={"X-Request-ID": "req-200"})
+    assert missing.status_code == 404
+    assert missing.headers.get_list("x-request-id") == ["req-404"]
+    assert missing.json()["request_id"] == "req-404"
+    assert fine.headers.get_list("x-request-id") == ["req-200"]

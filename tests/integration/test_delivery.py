@@ -251,3 +251,77 @@ async def test_telegram_replies_quote_the_message_in_groups_only(migrated: Async
     group, private = fake.calls("sendMessage")
     assert group["reply_parameters"] == {"message_id": 31, "allow_sending_without_reply": True}
     assert "reply_parameters" not in private
+
+
+class RecordingSender:
+    """A platform that accepts everything at once and signals when it got `expected` messages."""
+
+    def __init__(self, expected: int) -> None:
+        self.sent: dict[str, list[str | None]] = {}
+        self.expected = expected
+        self.all_sent = asyncio.Event()
+
+    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
+        await asyncio.sleep(0)  # a network call suspends: let other sends interleave
+        chat = self.sent.setdefault(str(target["chat_id"]), [])
+        chat.append(text)
+        if sum(len(texts) for texts in self.sent.values()) == self.expected:
+            self.all_sent.set()
+        return f"{target['chat_id']}:{len(chat)}"
+
+    async def indicate_typing(self, target: dict[str, Any]) -> None:
+        return None
+
+
+async def test_the_delivery_loop_sends_every_row_once_in_order_per_conversation(
+    migrated: AsyncEngine,
+) -> None:
+    from gateway.agents import SQLSessionStore
+    from gateway.store.tables import ChatRow
+
+    store = SQLSessionStore(migrated)  # on an SQLite file, its writer thread serves the delivery too
+    chats, per_chat = 12, 6
+    for i in range(per_chat):
+        for chat in range(chats):
+            await add_outbox(migrated, "telegram", {"chat_id": str(chat)}, text=f"{chat}/{i}")
+    async with migrated.begin() as conn:  # the bot was removed from chat 11
+        await conn.execute(
+            insert(ChatRow).values(
+                platform="telegram",
+                chat_id="11",
+                reachable=False,
+                membership="kicked",
+                updated_at=datetime.now(UTC),
+            )
+        )
+    sender = RecordingSender(expected=(chats - 1) * per_chat)
+    delivery = OutboxDelivery(migrated, {"telegram": sender}, concurrency=4)
+    running = asyncio.create_task(delivery.run())
+    try:
+        async with asyncio.timeout(60):
+            await sender.all_sent.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)  # returns once every send is recorded
+    await delivery.run_until_idle()  # the rest of the unreachable chat's rows, if any
+    assert sender.sent == {str(c): [f"{c}/{i}" for i in range(per_chat)] for c in range(chats - 1)}
+    async with migrated.connect() as conn:
+        rows = list(
+            await conn.execute(
+                select(
+                    OutboxRow.target_json,
+                    OutboxRow.status,
+                    OutboxRow.platform_message_id,
+                    OutboxRow.error_code,
+                )
+            )
+        )
+    assert len(rows) == chats * per_chat
+    for target, status, message_id, error in rows:
+        if target["chat_id"] == "11":
+            assert (status, message_id, error) == ("failed", None, "unreachable")
+        else:
+            assert status == "sent"
+            assert message_id is not None
+    assert len({message_id for _, _, message_id, _ in rows if message_id}) == (chats - 1) * per_chat
+    await store.aclose()

@@ -204,3 +204,44 @@ async def test_a_long_reply_becomes_several_outbox_rows_in_order(
     assert len(parts) == 2
     assert all(len(p) <= 4096 for p in parts)
     assert " ".join(parts).split() == f"echo:{long_text}".split()
+
+
+async def test_a_lost_lease_costs_the_turns_committed_with_it_nothing(
+    setup: tuple[AsyncEngine, Runner, Echo],
+) -> None:
+    engine, runner, _ = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/a"), ("telegram:2", "telegram:2/a")])
+    worker = InboxWorker(engine, runner, owner="w")
+    lost, kept = await worker.claim(10)
+    async with engine.begin() as conn:  # the first row's lease expired and another worker took it
+        await conn.execute(update(InboxRow).where(InboxRow.id == lost.id).values(lease_owner="other"))
+    # Both turns finish together: on an SQLite file their writes share one group commit.
+    await asyncio.gather(worker.process(lost), worker.process(kept))
+    statuses = await table(engine, select(InboxRow.session_id, InboxRow.status).order_by(InboxRow.id))
+    assert statuses == [("telegram:1", "pending"), ("telegram:2", "done")]
+    assert await table(engine, select(OutboxRow.session_id)) == [("telegram:2",)]
+    assert await runner.session_store.get("telegram:1") is None
+    session = await runner.session_store.get("telegram:2")
+    assert session is not None
+    assert [m.content for m in session.history] == ["telegram:2/a", "echo:telegram:2/a"]
+
+
+async def test_claims_take_each_conversations_oldest_row_whatever_the_backlog(
+    setup: tuple[AsyncEngine, Runner, Echo],
+) -> None:
+    engine, runner, _ = setup
+    # History first: conversation 0 has finished rows before its backlog, conversation 1 a dead one.
+    await add_rows(engine, [("telegram:0", f"telegram:0/old{i}") for i in range(30)], status="done")
+    await add_rows(engine, [("telegram:1", "telegram:1/dead")], status="dead")
+    backlog = [(f"telegram:{s}", f"telegram:{s}/{i}") for i in range(8) for s in range(25)]
+    await add_rows(engine, backlog)
+    worker = InboxWorker(engine, runner, owner="a")
+    claimed = await worker.claim(1000)
+    assert [row.text for row in claimed] == [f"telegram:{s}/0" for s in range(25)]
+    assert [row.id for row in claimed] == sorted(row.id for row in claimed)
+    # Leased rows hold their conversations back, for every claimer.
+    assert await InboxWorker(engine, runner, owner="b").claim(1000) == []
+    async with engine.begin() as conn:  # conversation 3's turn is done: its next row is free
+        await conn.execute(update(InboxRow).where(InboxRow.id == claimed[3].id).values(status="done"))
+    (next_row,) = await InboxWorker(engine, runner, owner="b").claim(1000)
+    assert next_row.text == "telegram:3/1"

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import structlog
+import structlog.testing
 
 from gateway.logs import REDACTED, configure_logging
 
@@ -65,3 +66,50 @@ def test_console_mode_is_not_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert "thing_happened" in err
     with pytest.raises(json.JSONDecodeError):
         json.loads(err.splitlines()[0])
+
+
+def test_events_below_the_level_are_dropped_before_any_processor(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("warning", "json")
+    seen: list[str] = []
+
+    def spy(logger: object, method: str, event_dict: dict[str, object]) -> dict[str, object]:
+        seen.append(str(event_dict["event"]))
+        return event_dict
+
+    processors = structlog.get_config()["processors"]
+    structlog.configure(processors=[processors[0], spy, *processors[1:]])
+    try:
+        log = structlog.get_logger("t")
+        log.info("not_built")
+        log.debug("not_built_either")
+        log.warning("kept", count=1)
+        try:
+            raise RuntimeError("kaput")
+        except RuntimeError:
+            log.exception("failed")  # logs at error, so it passes a warning level
+    finally:
+        structlog.configure(processors=processors)
+    assert seen == ["kept", "failed"]
+    assert [e["event"] for e in json_lines(capsys.readouterr().err)] == ["kept", "failed"]
+
+
+def test_a_chain_without_the_level_filter_still_sees_every_event() -> None:
+    configure_logging("warning", "json")
+    with structlog.testing.capture_logs() as captured:
+        structlog.get_logger("t").debug("debug_event", n=1)
+        structlog.get_logger("t").info("info_event")
+    assert [(e["event"], e["log_level"]) for e in captured] == [
+        ("debug_event", "debug"),
+        ("info_event", "info"),
+    ]
+
+
+def test_a_disabled_logger_logs_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging("info", "json")
+    logging.getLogger("quiet").disabled = True
+    try:
+        structlog.get_logger("quiet").error("hidden")
+        structlog.get_logger("loud").info("shown")
+    finally:
+        logging.getLogger("quiet").disabled = False
+    assert [e["event"] for e in json_lines(capsys.readouterr().err)] == ["shown"]

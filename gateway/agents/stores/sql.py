@@ -32,7 +32,7 @@ from gateway.agents.stores.base import (
 )
 from gateway.agents.stores.sql_io import EngineIO, MessageFields, SessionFields, SessionIO, SQLiteFileIO
 from gateway.domain.messages import Message, utcnow
-from gateway.store import dedup, migrations
+from gateway.store import dedup, migrations, queue
 from gateway.store.engine import SQLITE_IMMEDIATE, async_url, create_engine, sqlite_file_path
 from gateway.store.sqlite_thread import SQLiteThread
 from gateway.store.tables import SessionRow
@@ -73,10 +73,15 @@ class SQLSessionStore(BaseSessionStore):
         self._lock_dir = _sqlite_lock_dir(self.engine)
         sqlite_file = sqlite_file_path(self.engine.url)
         self._io: SessionIO = EngineIO(self.engine)
+        self._sqlite_thread: SQLiteThread | None = None
         if sqlite_thread is not None:
             self._io = SQLiteFileIO(sqlite_thread, owns_thread=False)
         elif sqlite_file is not None:
             self._io = SQLiteFileIO(SQLiteThread(sqlite_file))
+        if isinstance(self._io, SQLiteFileIO):
+            # The one writer of this file in the process: the inbox worker and delivery use it too.
+            self._sqlite_thread = self._io.thread
+            queue.attach(self.engine, self._io.thread)
         # Each PostgreSQL session lock holds a pooled connection for the whole turn; leave the other
         # half of the pool for the turns' own reads and writes, so lock holders cannot starve them.
         self._pg_lock_slots = asyncio.Semaphore(max(1, _pool_capacity(self.engine) // 2))
@@ -85,6 +90,8 @@ class SQLSessionStore(BaseSessionStore):
         return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r})"
 
     async def aclose(self) -> None:
+        if self._sqlite_thread is not None:
+            queue.detach(self.engine, self._sqlite_thread)
         await self._io.aclose()
         if self._owns_engine:
             await self.engine.dispose()
@@ -326,8 +333,11 @@ async def _file_lock(path: Path) -> AsyncIterator[None]:
     The blocking flock runs in a thread; if the waiting task is cancelled, the lock it may still
     get is released as soon as it arrives.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except FileNotFoundError:  # the lock folder's first use
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # uncontended: no thread hop at all
     except BlockingIOError:

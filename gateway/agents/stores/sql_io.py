@@ -1,23 +1,27 @@
 """The hot statements of the SQL session store, in two transports with the same effect.
 
 `EngineIO` runs them through SQLAlchemy's async engine (PostgreSQL, in-memory SQLite).
-`SQLiteFileIO` runs them on an SQLite file through `SQLiteThread`, one thread hop per operation,
-because that is where SQLite's speed is lost (see gateway/store/sqlite_thread.py). Both write the
-same rows in the same formats, so either can read what the other wrote.
+`SQLiteFileIO` runs them on an SQLite file through `SQLiteThread`, because that is where SQLite's
+speed is lost (see gateway/store/sqlite_thread.py), and through its group commit
+(gateway/store/queue.py): the loads and saves of concurrent turns share a hop, and the saves one
+transaction, each in a savepoint of its own. Both write the same rows in the same formats, so either
+can read what the other wrote.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gateway.store import dedup
+from gateway.store import dedup, queue
 from gateway.store.engine import SQLITE_IMMEDIATE
 from gateway.store.sqlite_thread import SQLiteThread, from_sqlite_datetime, to_sqlite_datetime
 from gateway.store.tables import InboxRow, MessageRow, OutboxRow, ProcessedMessageRow, SessionRow
@@ -119,7 +123,7 @@ class EngineIO:
         rows: list[MessageFields],
         completion: InboxCompletion | None = None,
     ) -> bool:
-        values = {
+        values: dict[str, Any] = {
             "active_agent_name": fields.active_agent_name,
             "title": fields.title,
             "metadata_json": fields.metadata,
@@ -133,6 +137,8 @@ class EngineIO:
                 )
             else:
                 # Also takes the row lock, so a concurrent delete waits for this commit or wins before it.
+                # As _UPDATE_SESSION: a stored title is kept (a rename during the turn wins).
+                values["title"] = func.coalesce(SessionRow.title, fields.title)
                 result = await conn.execute(
                     update(SessionRow).where(SessionRow.session_id == session_id).values(**values)
                 )
@@ -191,15 +197,34 @@ _INSERT_SESSION = (
     "INSERT INTO chatflow_sessions (active_agent_name, title, metadata_json, updated_at, message_count, "
     "session_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+# A title, once stored, changes only by a rename (the admin API): a turn only fills in a missing one,
+# so a rename made while the turn ran is kept.
 _UPDATE_SESSION = (
-    "UPDATE chatflow_sessions SET active_agent_name = ?, title = ?, metadata_json = ?, updated_at = ?, "
-    "message_count = ? WHERE session_id = ?"
+    "UPDATE chatflow_sessions SET active_agent_name = ?, title = COALESCE(title, ?), metadata_json = ?, "
+    "updated_at = ?, message_count = ? WHERE session_id = ?"
 )
-_DELETE_MESSAGE = "DELETE FROM chatflow_messages WHERE session_id = ? AND position = ?"
-_INSERT_MESSAGE = (
-    "INSERT INTO chatflow_messages (session_id, position, role, message_json, created_at) "
-    "VALUES (?, ?, ?, ?, ?)"
-)
+ROWS_PER_STATEMENT = 64  # rows (or positions) per multi-row statement; far below SQLite's limits
+
+
+@functools.cache
+def _delete_messages_sql(count: int) -> str:
+    marks = ", ".join("?" * count)
+    return f"DELETE FROM chatflow_messages WHERE session_id = ? AND position IN ({marks})"
+
+
+@functools.cache
+def _insert_messages_sql(count: int) -> str:
+    rows = ", ".join(["(?, ?, ?, ?, ?)"] * count)
+    return (
+        f"INSERT INTO chatflow_messages (session_id, position, role, message_json, created_at) VALUES {rows}"
+    )
+
+
+def _chunks(values: list[Any]) -> list[list[Any]]:
+    """Multi-row statements instead of one per row: each statement releases and re-takes the GIL."""
+    return [values[i : i + ROWS_PER_STATEMENT] for i in range(0, len(values), ROWS_PER_STATEMENT)]
+
+
 _IS_PROCESSED = "SELECT 1 FROM chatflow_processed_messages WHERE message_key = ? AND expires_at > ?"
 
 
@@ -208,6 +233,7 @@ class SQLiteFileIO:
 
     def __init__(self, thread: SQLiteThread, *, owns_thread: bool = True) -> None:
         self.thread = thread
+        self.writer = queue.group_commit(thread)
         self._owns_thread = owns_thread
 
     async def load(self, session_id: str, known_version: datetime | None = None) -> LoadedSession | None:
@@ -231,7 +257,7 @@ class SQLiteFileIO:
                 messages,
             )
 
-        return await self.thread.run(read)
+        return await self.writer.read(read)
 
     async def save(
         self,
@@ -250,35 +276,49 @@ class SQLiteFileIO:
             fields.message_count,
             session_id,
         )
+        # Parameters are built here, so the sqlite thread only runs statements: few of them, since
+        # each releases and re-takes the GIL (multi-row inserts and deletes).
+        session_row = (
+            (_INSERT_SESSION, (*session_values, to_sqlite_datetime(created_at)))
+            if created_at is not None
+            else (_UPDATE_SESSION, session_values)
+        )
+        statements = [
+            (_delete_messages_sql(len(positions)), (session_id, *positions)) for positions in _chunks(pruned)
+        ]
         message_values = [
             (session_id, r.position, r.role, json.dumps(r.message), to_sqlite_datetime(r.created_at))
             for r in rows
         ]
+        statements += [
+            (_insert_messages_sql(len(chunk)), tuple(v for row in chunk for v in row))
+            for chunk in _chunks(message_values)
+        ]
+        complete = None if completion is None else _completion_sqlite(completion, fields.updated_at)
 
         def write(conn: sqlite3.Connection) -> bool:
-            if created_at is not None:
-                conn.execute(_INSERT_SESSION, (*session_values, to_sqlite_datetime(created_at)))
-            elif conn.execute(_UPDATE_SESSION, session_values).rowcount == 0:
-                return False  # deleted meanwhile; nothing else was written
-            conn.executemany(_DELETE_MESSAGE, [(session_id, position) for position in pruned])
-            conn.executemany(_INSERT_MESSAGE, message_values)
-            if completion is not None:
-                _complete_sqlite(conn, completion, fields.updated_at)
+            if conn.execute(*session_row).rowcount == 0:
+                return False  # the session was deleted meanwhile; nothing was written
+            for statement, params in statements:
+                conn.execute(statement, params)
+            if complete is not None:
+                complete(conn)  # LeaseLostError when the inbox row is no longer ours: nothing is kept
             return True
 
-        return await self.thread.write(write)
+        return await self.writer.write(write)
 
     async def is_processed(self, key: str, now: datetime) -> bool:
         stamp = to_sqlite_datetime(now)
-        return await self.thread.run(
+        return await self.writer.read(
             lambda conn: conn.execute(_IS_PROCESSED, (key, stamp)).fetchone() is not None
         )
 
     async def mark(self, key: str, platform: str, now: datetime, expires_at: datetime) -> bool:
         stamp = to_sqlite_datetime(now)
         values = (key, platform, stamp, to_sqlite_datetime(expires_at), stamp)
-        # One statement commits on its own (autocommit), no BEGIN/COMMIT round needed.
-        return await self.thread.run(lambda conn: conn.execute(dedup.CLAIM_KEY_SQLITE, values).rowcount == 1)
+        return await self.writer.write(
+            lambda conn: conn.execute(dedup.CLAIM_KEY_SQLITE, values).rowcount == 1
+        )
 
     async def aclose(self) -> None:
         if self._owns_thread:
@@ -323,30 +363,43 @@ _COMPLETE_INBOX = (
     "UPDATE chatflow_inbox SET status = 'done', finished_at = ?, lease_owner = NULL, lease_until = NULL "
     "WHERE id = ? AND lease_owner = ? AND status = 'pending'"
 )
-_INSERT_OUTBOX = (
-    "INSERT INTO chatflow_outbox (inbox_id, platform, session_id, kind, text, target_json, status, attempts, "
-    "next_attempt_at, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)"
-)
 
 
-def _complete_sqlite(conn: sqlite3.Connection, completion: InboxCompletion, now: datetime) -> None:
-    stamp = to_sqlite_datetime(now)
-    if conn.execute(_COMPLETE_INBOX, (stamp, completion.inbox_id, completion.lease_owner)).rowcount != 1:
-        raise LeaseLostError(f"inbox row {completion.inbox_id} is no longer held by {completion.lease_owner}")
-    conn.executemany(
-        _INSERT_OUTBOX,
-        [
-            (
-                completion.inbox_id,
-                e.platform,
-                e.session_id,
-                e.kind,
-                e.text,
-                json.dumps(e.target),
-                stamp,
-                stamp,
-                stamp,
-            )
-            for e in completion.outbox
-        ],
+@functools.cache
+def _insert_outbox_sql(count: int) -> str:
+    rows = ", ".join(["(?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)"] * count)
+    return (
+        "INSERT INTO chatflow_outbox (inbox_id, platform, session_id, kind, text, target_json, status, "
+        f"attempts, next_attempt_at, created_at, updated_at) VALUES {rows}"
     )
+
+
+def _completion_sqlite(completion: InboxCompletion, now: datetime) -> Callable[[sqlite3.Connection], None]:
+    """The inbox row done and the outbox rows, parameters built here so the thread only runs SQL."""
+    stamp = to_sqlite_datetime(now)
+    done = (stamp, completion.inbox_id, completion.lease_owner)
+    rows = [
+        (
+            completion.inbox_id,
+            e.platform,
+            e.session_id,
+            e.kind,
+            e.text,
+            json.dumps(e.target),
+            stamp,
+            stamp,
+            stamp,
+        )
+        for e in completion.outbox
+    ]
+    chunks = [(_insert_outbox_sql(len(chunk)), [v for row in chunk for v in row]) for chunk in _chunks(rows)]
+
+    def write(conn: sqlite3.Connection) -> None:
+        if conn.execute(_COMPLETE_INBOX, done).rowcount != 1:
+            raise LeaseLostError(
+                f"inbox row {completion.inbox_id} is no longer held by {completion.lease_owner}"
+            )
+        for statement, params in chunks:
+            conn.execute(statement, params)
+
+    return write

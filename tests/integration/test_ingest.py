@@ -1,0 +1,193 @@
+"""The ingest writer on its own: group commit of dedup keys and inbox rows, on an SQLite file (through
+its sqlite3 thread, in multi-row statements) and on PostgreSQL (through the engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.store import migrations
+from gateway.store.engine import create_engine, sqlite_file_path
+from gateway.store.ingest import (
+    MAX_ROWS_PER_STATEMENT,
+    SWITCH_INTERVAL_SECONDS,
+    InboxEntry,
+    IngestItem,
+    IngestWriter,
+)
+from gateway.store.sqlite_thread import SQLiteThread
+from gateway.store.tables import InboxRow, ProcessedMessageRow
+
+
+@dataclass
+class Ingest:
+    engine: AsyncEngine
+    writer: IngestWriter
+    thread: SQLiteThread | None
+
+
+@pytest.fixture
+async def ingest(database_url: str) -> AsyncIterator[Ingest]:
+    engine = create_engine(database_url)
+    await migrations.upgrade(engine)
+    path = sqlite_file_path(engine.url)
+    thread = SQLiteThread(path) if path is not None else None
+    writer = IngestWriter(engine, thread, dedup_ttl_hours=192)
+    await writer.start()
+    yield Ingest(engine, writer, thread)
+    await writer.stop()
+    if thread is not None:
+        await thread.aclose()
+    await engine.dispose()
+
+
+def item(
+    key: str, text: str = "hello", *, session: str = "telegram:1", status: str = "pending"
+) -> IngestItem:
+    entry = InboxEntry(
+        platform="telegram",
+        session_id=session,
+        message_id=key,
+        kind="text",
+        text=text,
+        message={"text": text, "nested": {"ünïcode": "✓", "list": [1, None]}},
+        status=status,
+    )
+    return IngestItem(key, "telegram", entry)
+
+
+async def inbox_rows(engine: AsyncEngine) -> list[tuple[str, str | None, object, str]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(InboxRow.dedup_key, InboxRow.text, InboxRow.message_json, InboxRow.status).order_by(
+                InboxRow.id
+            )
+        )
+        return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
+async def key_count(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(ProcessedMessageRow))).scalar_one())
+
+
+async def test_a_batch_claims_new_keys_once_and_stores_their_rows(ingest: Ingest) -> None:
+    first = await ingest.writer.write([item("k1", "one"), item("k2", "two"), item("k1", "again")])
+    assert first == [True, True, False]  # a key twice in one batch: only its first item is new
+    second = await ingest.writer.write([item("k2", "two"), item("k3", "three", status="recorded")])
+    assert second == [False, True]
+    rows = await inbox_rows(ingest.engine)
+    assert [(key, text, status) for key, text, _, status in rows] == [
+        ("k1", "one", "pending"),
+        ("k2", "two", "pending"),
+        ("k3", "three", "recorded"),
+    ]
+    assert rows[0][2] == {"text": "one", "nested": {"ünïcode": "✓", "list": [1, None]}}
+    assert await key_count(ingest.engine) == 3
+
+
+async def test_batches_larger_than_one_statement(ingest: Ingest) -> None:
+    count = 2 * MAX_ROWS_PER_STATEMENT + 37
+    items = [item(f"big{i}", f"text {i}", session=f"telegram:{i % 7}") for i in range(count)]
+    assert await ingest.writer.write(items) == [True] * count
+    # The same keys again, mixed with new ones: only the new ones are written.
+    again = [item(f"big{i}") for i in range(0, count, 3)] + [item(f"more{i}") for i in range(300)]
+    result = await ingest.writer.write(again)
+    assert result == [False] * len(range(0, count, 3)) + [True] * 300
+    rows = await inbox_rows(ingest.engine)
+    assert [key for key, *_ in rows] == [f"big{i}" for i in range(count)] + [f"more{i}" for i in range(300)]
+    assert await key_count(ingest.engine) == count + 300
+
+
+async def test_an_expired_key_is_claimed_again_and_keeps_its_first_row(ingest: Ingest) -> None:
+    assert await ingest.writer.write([item("old", "first"), item("live", "first")]) == [True, True]
+    past = datetime.now(UTC) - timedelta(hours=1)
+    async with ingest.engine.begin() as conn:
+        await conn.execute(
+            update(ProcessedMessageRow)
+            .where(ProcessedMessageRow.message_key == "old")
+            .values(expires_at=past)
+        )
+    result = await ingest.writer.write([item("old", "second"), item("live", "second"), item("new")])
+    assert result == [True, False, True]
+    rows = await inbox_rows(ingest.engine)
+    assert [(key, text) for key, text, *_ in rows] == [("old", "first"), ("live", "first"), ("new", "hello")]
+    async with ingest.engine.connect() as conn:
+        expires = (
+            await conn.execute(
+                select(ProcessedMessageRow.expires_at).where(ProcessedMessageRow.message_key == "old")
+            )
+        ).scalar_one()
+    assert expires.replace(tzinfo=expires.tzinfo or UTC) > datetime.now(UTC) + timedelta(hours=191)
+
+
+async def test_concurrent_writers_share_commits_and_each_key_is_new_once(ingest: Ingest) -> None:
+    # 400 requests at once, every key sent twice (as a platform's re-delivery racing the original).
+    keys = [f"c{i}" for i in range(200)]
+    requests = [[item(key, f"text of {key}")] for key in keys + keys]
+    results = await asyncio.gather(*(ingest.writer.write(request) for request in requests))
+    new_per_key: dict[str, int] = {}
+    for request, result in zip(requests, results, strict=True):
+        new_per_key[request[0].dedup_key] = new_per_key.get(request[0].dedup_key, 0) + sum(result)
+    assert new_per_key == dict.fromkeys(keys, 1)
+    rows = await inbox_rows(ingest.engine)
+    assert [key for key, *_ in rows] == keys  # stored in the order the requests arrived
+
+
+async def test_a_failed_commit_fails_its_batch_and_the_writer_goes_on(ingest: Ingest) -> None:
+    # A message that cannot be stored (not JSON) fails the commit of its batch, whatever the backend.
+    broken = IngestItem(
+        "broken", "telegram", InboxEntry("telegram", "telegram:1", "m", "text", "t", {"x": {1j}}, "pending")
+    )
+    # Both requests are queued before the writer wakes, so they share the batch and its fate.
+    results = await asyncio.gather(
+        ingest.writer.write([broken]), ingest.writer.write([item("fine")]), return_exceptions=True
+    )
+    assert all(isinstance(result, Exception) and "not JSON serializable" in str(result) for result in results)
+    assert await key_count(ingest.engine) == 0  # nothing of the failed batch was written
+    assert await ingest.writer.write([item("fine")]) == [True]  # the platform's retry
+    assert [key for key, *_ in await inbox_rows(ingest.engine)] == ["fine"]
+
+
+async def test_stop_finishes_what_is_queued(database_url: str) -> None:
+    engine = create_engine(database_url)
+    await migrations.upgrade(engine)
+    path = sqlite_file_path(engine.url)
+    thread = SQLiteThread(path) if path is not None else None
+    writer = IngestWriter(engine, thread, dedup_ttl_hours=192)
+    await writer.start()
+    pending = [asyncio.ensure_future(writer.write([item(f"s{i}")])) for i in range(50)]
+    await asyncio.sleep(0)  # every write is queued
+    await writer.stop()
+    assert [future.result() for future in pending] == [[True]] * 50
+    if thread is not None:
+        await thread.aclose()
+    assert len(await inbox_rows(engine)) == 50
+    await engine.dispose()
+
+
+async def test_the_writer_lowers_the_gil_switch_interval_while_it_runs(sqlite_url: str) -> None:
+    # The sqlite thread takes the GIL back after each statement; 5 ms each while the loop is busy.
+    before = sys.getswitchinterval()
+    engine = create_engine(sqlite_url)
+    await migrations.upgrade(engine)
+    path = sqlite_file_path(engine.url)
+    assert path is not None
+    thread = SQLiteThread(path)
+    writer = IngestWriter(engine, thread, dedup_ttl_hours=192)
+    await writer.start()
+    try:
+        assert sys.getswitchinterval() == pytest.approx(min(before, SWITCH_INTERVAL_SECONDS))
+        assert await writer.write([item("k")]) == [True]
+    finally:
+        await writer.stop()
+        await thread.aclose()
+        await engine.dispose()
+    assert sys.getswitchinterval() == pytest.approx(before)
