@@ -148,5 +148,8 @@ def configure_logging(
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").disabled = True
+    # httpx logs every platform and model call at info ("HTTP Request: POST …"): one line per reply,
+    # saying less than the gateway's own events. Its warnings still come through.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
     # Alembic narrates every step at INFO; the gateway logs its own database_migrated event instead.
     logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))

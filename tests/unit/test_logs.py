@@ -113,3 +113,14 @@ def test_a_disabled_logger_logs_nothing(capsys: pytest.CaptureFixture[str]) -> N
     finally:
         logging.getLogger("quiet").disabled = False
     assert [e["event"] for e in json_lines(capsys.readouterr().err)] == ["shown"]
+
+
+@pytest.mark.parametrize(("level", "httpx_level"), [("debug", logging.WARNING), ("error", logging.ERROR)])
+def test_httpx_request_lines_are_not_logged_but_its_warnings_are(
+    capsys: pytest.CaptureFixture[str], level: str, httpx_level: int
+) -> None:
+    configure_logging(level, "json")
+    logging.getLogger("httpx").info('HTTP Request: POST http://example.test/ "HTTP/1.1 200 OK"')
+    logging.getLogger("httpx").log(httpx_level, "kept")
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["event"] for line in lines] == ["kept"]
