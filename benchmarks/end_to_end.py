@@ -45,8 +45,6 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -58,7 +56,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 import run  # the runtime benchmark (same folder): chatflow-agent's virtualenv and worker
@@ -66,6 +64,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from webhooks import Server, clean_env, free_port, start_process  # the ack benchmark's process helpers
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = HERE / "end_to_end_results.md"
@@ -80,7 +79,6 @@ WARMUP_CHAT_BASE = 800_000_000
 ORDER_BASE = 10_000_000  # message i asks for order ORDER_BASE + i, which the reply names
 ORDER_IN_REPLY = re.compile(r"order (\d+)")
 START_TIMEOUT = 60.0
-STOP_TIMEOUT = 40.0  # gateway serve drains for up to 25 s
 REPLY_TIMEOUT_FLOOR = 120.0  # seconds to wait for the last reply, at least
 
 
@@ -172,52 +170,7 @@ def fake_platform() -> Starlette:
     )
 
 
-# --- the processes (as in benchmarks/webhooks.py) ----------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass
-class Server:
-    name: str
-    process: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-    log_file: IO[bytes]
-
-    def stop(self) -> int:
-        """SIGTERM, then wait (bounded); SIGKILL if it does not stop. Returns the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                log(f"{self.name} did not stop within {STOP_TIMEOUT:.0f} s; killing it")
-                self.process.kill()
-                self.process.wait(timeout=10)
-        self.log_file.close()
-        return self.process.returncode
-
-    def log_tail(self, lines: int = 20) -> str:
-        text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without GATEWAY_* variables, so only the benchmark's settings apply."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-
-
-def start_process(name: str, argv: list[str], cwd: Path, env: dict[str, str], url: str) -> Server:
-    log_path = cwd / f"{name}.log"
-    log_file = log_path.open("wb")
-    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-    return Server(name, process, url, log_path, log_file)
-
-
+# --- the processes ----------------------------------------------------------------------------------
 def wait_ready(server: Server, probe_url: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:

@@ -105,12 +105,12 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _clean_env() -> dict[str, str]:
+def clean_env() -> dict[str, str]:
     """This environment without GATEWAY_* variables, so only the benchmark's settings apply."""
     return {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
 
 
-def _start(name: str, argv: list[str], cwd: Path, env: dict[str, str], url: str) -> Server:
+def start_process(name: str, argv: list[str], cwd: Path, env: dict[str, str], url: str) -> Server:
     log_path = cwd / f"{name}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -135,7 +135,7 @@ def _wait_ready(server: Server, probe: urllib.request.Request) -> None:
 
 def start_gateway(workdir: Path, api_base: str) -> Server:
     port = free_port()
-    env = _clean_env() | {
+    env = clean_env() | {
         "GATEWAY_TELEGRAM_SECRET_TOKEN": SECRET,
         "GATEWAY_TELEGRAM_BOT_TOKEN": BOT_TOKEN,
         "GATEWAY_TELEGRAM_API_BASE": api_base,
@@ -143,7 +143,7 @@ def start_gateway(workdir: Path, api_base: str) -> Server:
         "GATEWAY_LOG_FORMAT": "json",
     }
     gateway = Path(sys.executable).parent / "gateway"
-    server = _start(
+    server = start_process(
         "gateway",
         [str(gateway), "serve", "--host", "127.0.0.1", "--port", str(port)],
         workdir,
@@ -177,7 +177,7 @@ def start_bare(workdir: Path) -> Server:
         "--no-server-header",
     ]
     url = f"http://127.0.0.1:{port}{WEBHOOK_PATH}"
-    server = _start("bare", argv, workdir, _clean_env(), url)
+    server = start_process("bare", argv, workdir, clean_env(), url)
     _wait_ready(server, urllib.request.Request(url, data=b"{}", method="POST"))
     return server
 
