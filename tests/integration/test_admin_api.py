@@ -8,7 +8,9 @@ import base64
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -19,7 +21,17 @@ import structlog
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import make_url
 
-from gateway.agents import Agent, Message, Role, Runner, SessionDeletedError, SQLSessionStore, ToolCall, tool
+from gateway.agents import (
+    Agent,
+    Message,
+    Role,
+    Runner,
+    RunResult,
+    SessionDeletedError,
+    SQLSessionStore,
+    ToolCall,
+    tool,
+)
 from gateway.agents.models.base import ToolSpec
 from gateway.app import create_app
 from gateway.settings import Settings
@@ -411,7 +423,16 @@ def test_delete_takes_the_messages_and_is_idempotent(url: str, client: httpx.Cli
     assert [s["session_id"] for s in client.get("/api/sessions").json()["sessions"]] == ["telegram:43"]
 
 
-async def test_a_turn_running_on_a_deleted_session_fails_and_writes_nothing(url: str) -> None:
+@dataclass(frozen=True)
+class BlockedTurn:
+    store: SQLSessionStore
+    turn: asyncio.Task[RunResult]
+    release: asyncio.Event
+
+
+@asynccontextmanager
+async def turn_held_in_the_model(url: str, session_id: str, reply: str) -> AsyncIterator[BlockedTurn]:
+    """A session with one finished turn, and a second turn waiting inside its model until released."""
     entered, release = asyncio.Event(), asyncio.Event()
 
     class Blocking:
@@ -420,65 +441,49 @@ async def test_a_turn_running_on_a_deleted_session_fails_and_writes_nothing(url:
         ) -> Message:
             entered.set()
             await release.wait()
-            return Message(Role.MODEL, "too late")
+            return Message(Role.MODEL, reply)
 
     store = SQLSessionStore(url)
     agent = Agent("Support", "Help.", model=OrderModel(), tools=[check_order])
     runner = Runner(agent, store)
     try:
-        await runner.run_async("telegram:7", "Where is order 1001?")
+        await runner.run_async(session_id, "Where is order 1001?")
         agent.model = Blocking()
-        turn = asyncio.create_task(runner.run_async("telegram:7", "Are you there?"))
+        turn = asyncio.create_task(runner.run_async(session_id, "Are you there?"))
         async with asyncio.timeout(30):
             await entered.wait()
-        with serve_in_thread(create_app(settings(url))) as served:
-            async with httpx.AsyncClient(base_url=served, headers=AUTH) as client:
-                assert (await client.delete(path_of("telegram:7"))).status_code == 204
-                release.set()
-                with pytest.raises(SessionDeletedError):
-                    await turn
-                assert (await client.get(path_of("telegram:7"))).status_code == 404
-        assert await store.get("telegram:7") is None
+        yield BlockedTurn(store, turn, release)
     finally:
         release.set()
         await store.aclose()
+
+
+async def test_a_turn_running_on_a_deleted_session_fails_and_writes_nothing(url: str) -> None:
+    async with turn_held_in_the_model(url, "telegram:7", "too late") as blocked:
+        with serve_in_thread(create_app(settings(url))) as served:
+            async with httpx.AsyncClient(base_url=served, headers=AUTH) as client:
+                assert (await client.delete(path_of("telegram:7"))).status_code == 204
+                blocked.release.set()
+                with pytest.raises(SessionDeletedError):
+                    await blocked.turn
+                assert (await client.get(path_of("telegram:7"))).status_code == 404
+        assert await blocked.store.get("telegram:7") is None
     sessions = await run_sql(url, select(func.count()).select_from(SessionRow))
     messages = await run_sql(url, select(func.count()).select_from(MessageRow))
     assert (sessions[0][0], messages[0][0]) == (0, 0)
 
 
 async def test_a_rename_made_while_a_turn_runs_is_kept(url: str) -> None:
-    entered, release = asyncio.Event(), asyncio.Event()
-
-    class Blocking:
-        async def respond(
-            self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]
-        ) -> Message:
-            entered.set()
-            await release.wait()
-            return Message(Role.MODEL, "Still here.")
-
-    store = SQLSessionStore(url)
-    agent = Agent("Support", "Help.", model=OrderModel(), tools=[check_order])
-    runner = Runner(agent, store)
-    try:
-        await runner.run_async("telegram:8", "Where is order 1001?")
-        agent.model = Blocking()
-        turn = asyncio.create_task(runner.run_async("telegram:8", "Are you there?"))
-        async with asyncio.timeout(30):
-            await entered.wait()
+    async with turn_held_in_the_model(url, "telegram:8", "Still here.") as blocked:
         with serve_in_thread(create_app(settings(url))) as served:
             async with httpx.AsyncClient(base_url=served, headers=AUTH) as client:
                 renamed = await client.put(path_of("telegram:8"), json={"title": "Renamed mid-turn"})
                 assert renamed.status_code == 200
-                release.set()
-                assert (await turn).content == "Still here."
+                blocked.release.set()
+                assert (await blocked.turn).content == "Still here."
                 detail = (await client.get(path_of("telegram:8"))).json()
-        assert detail["title"] == "Renamed mid-turn"
-        assert detail["messages"][-1]["content"] == "Still here."  # the turn itself committed
-    finally:
-        release.set()
-        await store.aclose()
+    assert detail["title"] == "Renamed mid-turn"
+    assert detail["messages"][-1]["content"] == "Still here."  # the turn itself committed
 
 
 # --- the inbox ----------------------------------------------------------------------------------------
