@@ -11,7 +11,7 @@ import logging
 import re
 import sys
 from collections.abc import Iterable, MutableMapping
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import structlog
 from structlog.types import EventDict, Processor
@@ -133,7 +133,7 @@ def configure_logging(
         wrapper_class=LevelFilteringBoundLogger,
         cache_logger_on_first_use=False,  # tests reconfigure; a cached logger would keep old settings
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
@@ -153,3 +153,16 @@ def configure_logging(
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
     # Alembic narrates every step at INFO; the gateway logs its own database_migrated event instead.
     logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a line is logged, not when logging was set up: a
+    replaced stream (a test's capture, then closed) must not take later lines down with it."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        """StreamHandler.__init__ assigns one; ignored."""

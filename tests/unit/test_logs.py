@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import sys
 
 import pytest
 import structlog
@@ -124,3 +126,11 @@ def test_httpx_request_lines_are_not_logged_but_its_warnings_are(
     logging.getLogger("httpx").log(httpx_level, "kept")
     lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert [line["event"] for line in lines] == ["kept"]
+
+
+def test_lines_go_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    configure_logging("info", "json")
+    later = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", later)  # as a test's capture (or a daemonizer) does
+    structlog.get_logger("t").info("after_the_swap")
+    assert json.loads(later.getvalue())["event"] == "after_the_swap"
