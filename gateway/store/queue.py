@@ -97,8 +97,13 @@ class GroupCommit:
         batch, self._queue = pending[:MAX_OPERATIONS_PER_COMMIT], pending[MAX_OPERATIONS_PER_COMMIT:]
         if not batch:
             return
+        try:
+            hop = self.thread.submit(functools.partial(_run_batch, batch))
+        except Exception as exc:  # e.g. the thread is closed: fail the callers rather than leave them waiting
+            for op in batch:
+                op.future.set_exception(exc)
+            return
         self._in_flight += 1
-        hop = self.thread.submit(functools.partial(_run_batch, batch))
         hop.add_done_callback(functools.partial(self._finished, batch))
         self._schedule()
 

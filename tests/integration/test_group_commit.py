@@ -139,3 +139,13 @@ async def test_the_session_store_makes_its_thread_the_engines_writer(tmp_path: P
         await memory.dispose()
     finally:
         await engine.dispose()
+
+
+async def test_operations_on_a_closed_writer_fail_instead_of_waiting(tmp_path: Path) -> None:
+    thread = SQLiteThread(tmp_path / "closed.db")
+    writer = queue.group_commit(thread)
+    await writer.read(lambda conn: conn.execute("SELECT 1").fetchone())
+    await thread.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        async with asyncio.timeout(10):  # a hang would end here as TimeoutError, not RuntimeError
+            await writer.write(insert("late"))
