@@ -47,7 +47,6 @@ import platform
 import re
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,7 +63,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from webhooks import Server, clean_env, free_port, start_process  # the ack benchmark's process helpers
+from webhooks import (  # the ack benchmark's helpers
+    Server,
+    clean_env,
+    code_version,
+    free_port,
+    log,
+    start_process,
+)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUTPUT = HERE / "end_to_end_results.md"
@@ -80,10 +86,6 @@ ORDER_BASE = 10_000_000  # message i asks for order ORDER_BASE + i, which the re
 ORDER_IN_REPLY = re.compile(r"order (\d+)")
 START_TIMEOUT = 60.0
 REPLY_TIMEOUT_FLOOR = 120.0  # seconds to wait for the last reply, at least
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 # --- the fake Telegram Bot API (runs in its own process, under uvicorn) -----------------------------
@@ -550,21 +552,6 @@ def _their_round(args: argparse.Namespace, number: int, baseline: run.Baseline) 
 
 
 # --- reporting -----------------------------------------------------------------------------------
-def code_version() -> str:
-    """The commit measured, and whether gateway/ had uncommitted changes (read-only git commands)."""
-    root = HERE.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "gateway"], cwd=root, capture_output=True, text=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return f"{head} with uncommitted changes in gateway/" if dirty else head
-
-
 def table(results: Results) -> str:
     ours = statistics.median(r.turns_per_second for r in results.ours)
     acks = statistics.median(r.acks_per_second for r in results.ours)
