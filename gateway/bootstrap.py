@@ -15,6 +15,7 @@ from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.registry import model_factory_from_settings
 from gateway.domain.inbound import MessageKind
 from gateway.errors import SettingsError
+from gateway.http_client import http_client
 from gateway.platforms import local_key
 from gateway.platforms.base import PlatformAdapter, Sender
 from gateway.platforms.registry import PLATFORMS, enabled_adapters, local_adapters, webhook_secret
@@ -73,7 +74,7 @@ def build_services(settings: Settings) -> Services:
     path = sqlite_file_path(engine.url)
     # SQLite files take the webhooks' writes on a dedicated sqlite3 thread, one hop per batch.
     thread = SQLiteThread(path) if path is not None else None
-    http = httpx.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS)
+    http = http_client(HTTP_TIMEOUT_SECONDS)
     delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
     return Services(
         settings=settings,

@@ -23,6 +23,7 @@ from gateway.agents import ModelError
 from gateway.app import create_app
 from gateway.bootstrap import build_pacing, build_runner, build_senders, load_agent, turn_kinds
 from gateway.errors import DatabaseUnavailableError, SettingsError
+from gateway.http_client import http_client
 from gateway.logs import configure_logging
 from gateway.platforms import local_key, simulated
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, telegram_bot_id, webhook_secret
@@ -248,7 +249,7 @@ async def _simulate(settings: Settings, engine: AsyncEngine, args: argparse.Name
     except ValueError as exc:
         raise SettingsError(f"invalid --user {args.user!r}: {exc}") from None
     url = f"{(args.url or _local_url(settings)).rstrip('/')}/webhooks/{platform}"
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client(timeout=10) as client:
         try:
             response = await client.post(url, content=webhook.body, headers=webhook.headers)
         except httpx.HTTPError as exc:
@@ -295,7 +296,7 @@ async def _worker(settings: Settings, engine: AsyncEngine) -> int:
     """Answer inbox rows and deliver replies until SIGTERM or Ctrl-C; rows in flight are handed back."""
     await migrations.ensure_head(engine)
     runner = build_runner(settings, engine)
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with http_client(timeout=30) as http:
         delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
         worker = InboxWorker(engine, runner, on_committed=delivery.wake)
         stop = asyncio.Event()
@@ -319,7 +320,7 @@ async def _telegram(settings: Settings, args: argparse.Namespace) -> int:
         raise SettingsError(
             "invalid setting GATEWAY_TELEGRAM_BOT_TOKEN / GATEWAY_TELEGRAM_SECRET_TOKEN: both are needed"
         )
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with http_client(timeout=30) as client:
         api = TelegramAPI(settings.telegram_bot_token.get_secret_value(), settings.telegram_api_base, client)
         try:
             if args.telegram_command == "set-webhook":

@@ -29,6 +29,7 @@ from tenacity.wait import wait_random_exponential
 
 from gateway.agents.models.base import ModelError, ToolSpec
 from gateway.domain.messages import Message, Role, ToolCall
+from gateway.http_client import http_client
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -178,7 +179,7 @@ class OpenAIChatModel:
 
     async def _post_once(self, body: dict[str, Any]) -> httpx.Response:
         if self._client is None:
-            self._client = httpx.AsyncClient()
+            self._client = http_client(self.timeout)
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         response = await self._client.post(self.url, json=body, headers=headers, timeout=self.timeout)
         if response.is_success:

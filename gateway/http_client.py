@@ -1,0 +1,34 @@
+"""The HTTP client of every outbound call: platforms, model providers and the CLI.
+
+It is httpx's API on aiohttp's transport (the httpx-aiohttp package): with 16 calls in flight,
+httpcore's own transport cost about 0.75 ms of CPU per call here and aiohttp's about 0.19 ms, and
+delivery makes one call per reply. Proxies from the environment still go through httpcore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import httpx
+from httpx_aiohttp import AiohttpTransport
+
+
+class _Transport(AiohttpTransport):
+    """httpx-aiohttp reports every aiohttp connection error as `ConnectTimeout` (its broad
+    ClientConnectionError entry wins over the specific ones); a refused or dropped connection is
+    a `ConnectError` here, as httpcore reports it, and only real timeouts stay timeouts."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await super().handle_async_request(request)
+        except httpx.ConnectTimeout as exc:
+            cause = exc.__cause__
+            timed_out = isinstance(cause, asyncio.TimeoutError)
+            if isinstance(cause, aiohttp.ClientConnectionError) and not timed_out:
+                raise httpx.ConnectError(str(exc), request=request) from cause
+            raise
+
+
+def http_client(timeout: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=_Transport(), timeout=timeout)
