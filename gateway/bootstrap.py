@@ -76,14 +76,16 @@ def build_services(settings: Settings) -> Services:
     thread = SQLiteThread(path) if path is not None else None
     http = http_client(HTTP_TIMEOUT_SECONDS)
     delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
+    ingest = IngestWriter(engine, thread, settings.dedup_ttl_hours)
+    runner = build_runner(settings, engine, thread)
     return Services(
         settings=settings,
         engine=engine,
         adapters=enabled_adapters(settings),
         local_adapters=build_local_adapters(settings),
-        ingest=IngestWriter(engine, thread, settings.dedup_ttl_hours),
+        ingest=ingest,
         sqlite_thread=thread,
-        worker=InboxWorker(engine, build_runner(settings, engine, thread), on_committed=delivery.wake),
+        worker=InboxWorker(engine, runner, on_committed=delivery.wake, busy=lambda: ingest.busy),
         delivery=delivery,
         http=http,
     )

@@ -35,6 +35,9 @@ LEASE_SECONDS = 300  # longer than any turn should take; a dead worker's rows wa
 MAX_ATTEMPTS = 5
 IDLE_POLL_SECONDS = 0.5  # how often an idle worker looks for rows other processes stored
 BACKOFF_CAP_SECONDS = 300
+# While webhooks wait for their commit, new turns start at most this often (turns in flight go on):
+# acknowledgements come first, and a flood's backlog is worked off right after it.
+BUSY_CLAIM_DELAY_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,14 @@ class InboxWorker:
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
         on_committed: Callable[[], None] = lambda: None,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`on_committed` runs after each committed turn (it wakes the delivery of the replies)."""
+        """`on_committed` runs after each committed turn (it wakes the delivery of the replies);
+        `busy` says whether this process's webhooks are waiting for a commit."""
         self.engine = engine
         self.runner = runner
         self.on_committed = on_committed
+        self.busy = busy
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
@@ -81,6 +87,8 @@ class InboxWorker:
         log.info("worker_started", owner=self.owner, concurrency=self.concurrency)
         try:
             while True:
+                if self.busy():
+                    await asyncio.sleep(BUSY_CLAIM_DELAY_SECONDS)
                 self._wake.clear()
                 free = self.concurrency - len(running)
                 if free < self._claim_at and running:

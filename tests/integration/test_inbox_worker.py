@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
@@ -17,6 +19,7 @@ from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ToolSpec
 from gateway.store import migrations
 from gateway.store.tables import InboxRow, OutboxRow
+from gateway.worker import inbox
 from gateway.worker.inbox import InboxWorker
 
 
@@ -245,3 +248,43 @@ async def test_claims_take_each_conversations_oldest_row_whatever_the_backlog(
         await conn.execute(update(InboxRow).where(InboxRow.id == claimed[3].id).values(status="done"))
     (next_row,) = await InboxWorker(engine, runner, owner="b").claim(1000)
     assert next_row.text == "telegram:3/1"
+
+
+async def test_while_webhooks_wait_for_a_commit_turns_start_spaced_out_but_still_run(
+    setup: tuple[AsyncEngine, Runner, Echo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood of webhooks holds new turns back (acknowledgements first) without starving them."""
+    engine, runner, model = setup
+    delay = 0.05
+    monkeypatch.setattr(inbox, "BUSY_CLAIM_DELAY_SECONDS", delay)
+    # One conversation: each of its rows is claimed only once the one before it is done.
+    await add_rows(engine, [("telegram:1", f"telegram:1/{i}") for i in range(3)])
+    committed = 0
+    all_done = asyncio.Event()
+
+    def on_committed() -> None:
+        nonlocal committed
+        committed += 1
+        if committed == 3:
+            all_done.set()
+
+    worker = InboxWorker(engine, runner, on_committed=on_committed, busy=lambda: True)
+    claim_times: list[float] = []
+    claim = worker.claim
+
+    async def timed_claim(limit: int) -> list[inbox.ClaimedRow]:
+        rows = await claim(limit)
+        if rows:
+            claim_times.append(time.monotonic())
+        return rows
+
+    monkeypatch.setattr(worker, "claim", timed_claim)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(all_done.wait(), timeout=30)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert model.seen["telegram:1"] == [f"telegram:1/{i}" for i in range(3)]
+    assert len(claim_times) == 3
+    assert all(later - earlier >= delay for earlier, later in itertools.pairwise(claim_times))
