@@ -12,6 +12,7 @@ from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gateway.bootstrap import Services, build_services, turn_kinds
 from gateway.logs import configure_logging
@@ -26,9 +27,12 @@ from gateway.web.errors import EXCEPTION_HANDLERS
 from gateway.web.health import healthz, readyz
 from gateway.web.metrics import HttpMetrics
 from gateway.web.middleware import RequestContextMiddleware
-from gateway.web.webhooks import Webhooks, handshake, receive
+from gateway.web.webhooks import WebhookReceiver, Webhooks, handshake
 
 log = structlog.get_logger("gateway.app")
+WEBHOOK_PATH = "/webhooks/{platform}"
+_WEBHOOK_PREFIX = "/webhooks/"
+GC_THRESHOLDS = (10_000, 20, 20)  # Python's defaults are (700, 10, 10)
 MIN_STRONG_TOKEN_LENGTH = 16  # a shorter admin token is accepted, with a warning
 
 
@@ -53,8 +57,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 # Nobody else can see an in-memory database, so the app migrates its own.
                 await migrations.upgrade(services.engine)
             await services.start()
-            # The objects of start-up live as long as the process: keep the collector from rescanning them.
+            # The objects of start-up live as long as the process: keep the collector from rescanning them,
+            # and let it run less often: each webhook allocates hundreds of short-lived objects, and
+            # Python's default (a collection every 700) cost about 7% of the acknowledgements per second.
             gc.freeze()
+            gc.set_threshold(*GC_THRESHOLDS)
             _log_platforms(settings, services)
             log.info("gateway_started", database=safe_url(database_url), schema_head=schema_head)
             webhooks = Webhooks(
@@ -83,13 +90,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await services.aclose()
             log.info("gateway_stopped")
 
-    return Starlette(
+    webhook_route = Route(WEBHOOK_PATH, WebhookReceiver(), methods=["POST"])
+    return GatewayApp(
+        webhook_route,
+        metrics,
         routes=[
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics.endpoint, methods=["GET"]),
-            Route("/webhooks/{platform}", receive, methods=["POST"]),
-            Route("/webhooks/{platform}", handshake, methods=["GET"]),
+            webhook_route,
+            Route(WEBHOOK_PATH, handshake, methods=["GET"]),
             *admin_routes(),
             *console_routes(),
         ],
@@ -97,6 +107,32 @@ def create_app(settings: Settings | None = None) -> Starlette:
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
+
+
+class GatewayApp(Starlette):
+    """Starlette, with webhook POSTs taken straight to their receiver.
+
+    They still pass the request-context middleware (request id, metrics, access log, the JSON 500),
+    but skip Starlette's error and exception middleware and its router, which cost about a fifth of
+    the time of an acknowledgement. A path the shortcut does not take goes through the router.
+    """
+
+    def __init__(self, webhook_route: Route, metrics: HttpMetrics, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._webhook_route = webhook_route
+        self._webhooks = RequestContextMiddleware(webhook_route.app, metrics=metrics)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            platform = path[len(_WEBHOOK_PREFIX) :]
+            if path.startswith(_WEBHOOK_PREFIX) and platform and "/" not in platform:
+                scope["app"] = self
+                scope["route"] = self._webhook_route
+                scope["path_params"] = {"platform": platform}
+                await self._webhooks(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 def _secret(value: SecretStr | None) -> str | None:

@@ -134,7 +134,7 @@ def _limit(request: Request) -> int:
 
 async def _json_object(request: Request, admin: Admin, fields: set[str]) -> dict[str, Any]:
     """The body as a JSON object with only `fields`; an empty body is `{}`."""
-    body = await read_limited(request, admin.max_body_bytes)
+    body = await read_limited(request.scope, request.receive, admin.max_body_bytes)
     if body is None:
         raise _Rejected(413, "payload_too_large", f"body over {admin.max_body_bytes} bytes")
     if not body.strip():

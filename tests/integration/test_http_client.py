@@ -45,16 +45,18 @@ async def test_a_refused_connection_is_a_connect_error_not_a_timeout() -> None:
 
 
 async def test_a_server_that_never_answers_is_a_timeout() -> None:
-    accepted = asyncio.Event()
+    handled = asyncio.Event()
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.set()
         await reader.read()  # holds the connection open without answering until the client leaves
         writer.close()
+        await writer.wait_closed()
+        handled.set()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    async with server, http_client(timeout=0.3) as client:
-        with pytest.raises(httpx.TimeoutException):
-            await client.post(f"http://127.0.0.1:{port}/x", json={})
-    assert accepted.is_set()
+    async with server:
+        async with http_client(timeout=0.3) as client:
+            with pytest.raises(httpx.TimeoutException):
+                await client.post(f"http://127.0.0.1:{port}/x", json={})
+        await asyncio.wait_for(handled.wait(), timeout=10)  # the client hung up once it gave up

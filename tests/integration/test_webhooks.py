@@ -259,3 +259,31 @@ def test_the_worker_in_the_app_answers_into_the_outbox(gateway: str, url: str) -
     assert reply  # the demo agent's answer
     assert target["chat_id"] == str(json.loads(body)["message"]["chat"]["id"])
     assert asyncio.run(rows(url, select(InboxRow.status))) == [("done",)]
+
+
+def test_webhook_posts_keep_the_request_context_and_the_route_table(gateway: str) -> None:
+    """The shortcut to the receiver keeps what every route has: the request id, metrics by route
+    template, JSON errors; and paths or methods it does not take get the router's answers."""
+    body = payload_bytes("telegram", "private_text")
+    accepted = httpx.post(
+        f"{gateway}/webhooks/telegram", content=body, headers={**tg_headers(), "X-Request-ID": "req-42"}
+    )
+    assert accepted.status_code == 200
+    assert accepted.headers["x-request-id"] == "req-42"
+    assert accepted.headers["content-type"] == "application/json"
+    assert accepted.json()["status"] == "accepted"
+
+    refused = httpx.post(f"{gateway}/webhooks/telegram", content=body)
+    assert refused.status_code == 401
+    assert refused.json()["request_id"] == refused.headers["x-request-id"]
+
+    deeper = httpx.post(f"{gateway}/webhooks/telegram/extra", content=body, headers=tg_headers())
+    assert deeper.status_code == 404
+    assert deeper.json()["error"] == "not_found"
+    wrong_method = httpx.put(f"{gateway}/webhooks/telegram", content=body, headers=tg_headers())
+    assert wrong_method.status_code == 405
+    assert "POST" in wrong_method.headers["allow"]
+
+    metrics = httpx.get(f"{gateway}/metrics").text
+    assert 'gateway_http_requests_total{method="POST",route="/webhooks/{platform}",status="200"}' in metrics
+    assert 'gateway_http_requests_total{method="POST",route="/webhooks/{platform}",status="401"}' in metrics
