@@ -1,11 +1,14 @@
-"""Splitting long replies into messages a platform accepts (both cap a text message at 4,096 characters)."""
+"""Text the platforms and the database accept: long replies split into messages (both platforms cap a
+text message at 4,096 characters), and strings without lone surrogates."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 MAX_MESSAGE_CHARS = 4096
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def split_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> list[str]:
@@ -29,3 +32,18 @@ def split_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> list[str]:
         text = text[cut:].lstrip()
     parts.append(text)
     return parts
+
+
+def without_lone_surrogates(value: Any) -> Any:
+    """`value` (parsed JSON) with every lone surrogate replaced by U+FFFD.
+
+    JSON may escape half of a UTF-16 pair ("\\ud83d"); json.loads keeps it as is, and no UTF-8
+    database or platform API can store or send such a string. A valid pair is already one character.
+    """
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_lone_surrogates(item) for item in value]
+    return value

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 import structlog
 from sqlalchemy import update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -423,13 +424,22 @@ def _sqlite_batch(items: list[IngestItem], now: datetime, ttl: float) -> _SQLite
                 entry.message_id,
                 entry.kind,
                 entry.text,
-                json.dumps(entry.message),
+                _json_text(entry.message),
                 entry.status,
                 stamp,
                 stamp,
             )
         )
     return _SQLiteBatch(items, stamp, list(claims), first, claims, inbox, next(_batch_numbers))
+
+
+def _json_text(value: dict[str, Any]) -> str:
+    """orjson, a tenth of json.dumps' time on the webhook path; json.dumps for what orjson refuses
+    (a lone surrogate from a "\\ud800" escape, an integer over 64 bits), so any JSON is stored."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
 
 
 _batch_numbers = itertools.count(1)

@@ -24,6 +24,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
+from gateway.domain.text import without_lone_surrogates
 from gateway.logs import will_log
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.local_key import is_loopback
@@ -99,6 +100,8 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
         return error_response(400, "invalid_json", rid, detail="the body is not valid JSON")
     if not isinstance(payload, dict):
         return error_response(400, "invalid_json", rid, detail="the body is not a JSON object")
+    if b"\\ud" in body or b"\\uD" in body:  # an escaped surrogate, maybe half a pair
+        payload = without_lone_surrogates(payload)
 
     parsed = adapter.parse(payload)
     if parsed.empty:

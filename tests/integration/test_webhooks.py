@@ -287,3 +287,20 @@ def test_webhook_posts_keep_the_request_context_and_the_route_table(gateway: str
     metrics = httpx.get(f"{gateway}/metrics").text
     assert 'gateway_http_requests_total{method="POST",route="/webhooks/{platform}",status="200"}' in metrics
     assert 'gateway_http_requests_total{method="POST",route="/webhooks/{platform}",status="401"}' in metrics
+
+
+def test_json_that_only_the_standard_library_encodes_is_stored_too(gateway: str, url: str) -> None:
+    """A lone surrogate escape and an integer over 64 bits are valid JSON: accepted and stored (the
+    half character as U+FFFD, since no UTF-8 database or platform takes it)."""
+    update = json.loads(payload_bytes("telegram", "private_text"))
+    update["update_id"] = 990001
+    update["message"]["text"] = "half an emoji: \ud83d"
+    update["extra_field"] = 2**70
+    body = json.dumps(update).encode()  # escapes the surrogate as \ud83d
+    response = httpx.post(f"{gateway}/webhooks/telegram", content=body, headers=tg_headers())
+    assert response.status_code == 200
+    assert response.json()["new"] == 1
+    stored = asyncio.run(rows(url, select(InboxRow.text, InboxRow.message_json)))
+    assert [(text, message["raw"]["extra_field"]) for text, message in stored] == [
+        ("half an emoji: \ufffd", 2**70)
+    ]

@@ -1,11 +1,14 @@
-"""Long replies are cut into platform-sized messages at natural boundaries, losing nothing."""
+"""Long replies are cut into platform-sized messages at natural boundaries, losing nothing; lone
+surrogates are replaced."""
 
 from __future__ import annotations
+
+import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.domain.text import MAX_MESSAGE_CHARS, split_message
+from gateway.domain.text import MAX_MESSAGE_CHARS, split_message, without_lone_surrogates
 
 
 def test_short_text_is_one_part() -> None:
@@ -37,3 +40,11 @@ def test_parts_fit_and_keep_every_word(text: str, limit: int) -> None:
 def test_default_limit_is_the_platforms() -> None:
     assert MAX_MESSAGE_CHARS == 4096
     assert [len(p) for p in split_message("y" * 5000)] == [4096, 904]
+
+
+def test_lone_surrogates_become_replacement_characters_and_pairs_stay() -> None:
+    parsed = json.loads('{"a\\udc00": ["\\ud83d", {"b": "ok \\ud83d\\ude00 \\udfff end"}], "n": 1}')
+    assert without_lone_surrogates(parsed) == {
+        "a\ufffd": ["\ufffd", {"b": "ok \U0001f600 \ufffd end"}],
+        "n": 1,
+    }
