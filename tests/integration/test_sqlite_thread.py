@@ -127,3 +127,14 @@ async def test_close_runs_what_was_submitted_then_refuses_more(thread: SQLiteThr
         assert connection.execute("SELECT count(*) FROM t").fetchone() == (20,)
     finally:
         connection.close()
+
+
+async def test_the_writer_connection_has_the_engine_pragmas(thread: SQLiteThread) -> None:
+    def pragmas(conn: sqlite3.Connection) -> list[object]:
+        names = ("journal_mode", "foreign_keys", "busy_timeout", "synchronous")
+        return [conn.execute(f"PRAGMA {name}").fetchone()[0] for name in names]
+
+    try:
+        assert await thread.run(pragmas) == ["wal", 1, 5000, 2]  # synchronous=2 is FULL
+    finally:
+        await thread.aclose()
