@@ -20,7 +20,7 @@ SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA foreign_keys=ON",
     "PRAGMA busy_timeout=5000",
-    "PRAGMA synchronous=FULL",  # NORMAL in WAL mode may lose the last commits on power loss
+    "PRAGMA synchronous=NORMAL",
 )
 # Execution option: start the transaction with BEGIN IMMEDIATE, taking SQLite's write lock up front.
 # A deferred transaction that reads and then writes can fail at once with SQLITE_BUSY when another

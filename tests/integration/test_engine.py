@@ -25,7 +25,7 @@ async def test_sqlite_pragmas_hold_on_every_connection(tmp_path: Path) -> None:
                     (await conn.execute(text(f"PRAGMA {name}"))).scalar()
                     for name in ("journal_mode", "foreign_keys", "busy_timeout", "synchronous")
                 ]
-                assert values == ["wal", 1, 5000, 2]  # synchronous=2 is FULL
+                assert values == ["wal", 1, 5000, 1]  # synchronous=1 is NORMAL
     finally:
         await engine.dispose()
 

@@ -135,6 +135,6 @@ async def test_the_writer_connection_has_the_engine_pragmas(thread: SQLiteThread
         return [conn.execute(f"PRAGMA {name}").fetchone()[0] for name in names]
 
     try:
-        assert await thread.run(pragmas) == ["wal", 1, 5000, 2]  # synchronous=2 is FULL
+        assert await thread.run(pragmas) == ["wal", 1, 5000, 1]  # synchronous=1 is NORMAL
     finally:
         await thread.aclose()
