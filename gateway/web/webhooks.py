@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import structlog
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -95,8 +96,8 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
         log.warning("webhook_rejected", platform=platform, reason="signature")
         return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        payload = _parse_json(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: too deep
         return error_response(400, "invalid_json", rid, detail="the body is not valid JSON")
     if not isinstance(payload, dict):
         return error_response(400, "invalid_json", rid, detail="the body is not a JSON object")
@@ -132,6 +133,15 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
 
 
 _IGNORED = b'{"status":"ignored"}'
+
+
+def _parse_json(body: bytes) -> Any:
+    """orjson, a third of json.loads' time; json.loads for what orjson refuses and the standard library
+    reads (integers over 64 bits, NaN, a lone surrogate escape, UTF-16 bodies), so both accept the same."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
 
 
 async def handshake(request: Request) -> Response:

@@ -250,35 +250,36 @@ async def test_claims_take_each_conversations_oldest_row_whatever_the_backlog(
     assert next_row.text == "telegram:3/1"
 
 
-async def test_while_webhooks_wait_for_a_commit_turns_start_spaced_out_but_still_run(
+async def test_while_webhooks_wait_for_a_commit_few_turns_start_at_a_time_but_all_run(
     setup: tuple[AsyncEngine, Runner, Echo], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A flood of webhooks holds new turns back (acknowledgements first) without starving them."""
     engine, runner, model = setup
     delay = 0.05
     monkeypatch.setattr(inbox, "BUSY_CLAIM_DELAY_SECONDS", delay)
-    # One conversation: each of its rows is claimed only once the one before it is done.
-    await add_rows(engine, [("telegram:1", f"telegram:1/{i}") for i in range(3)])
+    rows = [("telegram:1", f"telegram:1/{i}") for i in range(3)]
+    rows += [(f"telegram:{n}", f"telegram:{n}/0") for n in range(2, 10)]
+    await add_rows(engine, rows)
     committed = 0
     all_done = asyncio.Event()
 
     def on_committed() -> None:
         nonlocal committed
         committed += 1
-        if committed == 3:
+        if committed == len(rows):
             all_done.set()
 
     worker = InboxWorker(engine, runner, on_committed=on_committed, busy=lambda: True)
-    claim_times: list[float] = []
+    claims: list[tuple[float, int]] = []
     claim = worker.claim
 
-    async def timed_claim(limit: int) -> list[inbox.ClaimedRow]:
-        rows = await claim(limit)
-        if rows:
-            claim_times.append(time.monotonic())
-        return rows
+    async def recorded_claim(limit: int) -> list[inbox.ClaimedRow]:
+        claimed = await claim(limit)
+        if claimed:
+            claims.append((time.monotonic(), len(claimed)))
+        return claimed
 
-    monkeypatch.setattr(worker, "claim", timed_claim)
+    monkeypatch.setattr(worker, "claim", recorded_claim)
     task = asyncio.create_task(worker.run())
     try:
         await asyncio.wait_for(all_done.wait(), timeout=30)
@@ -286,5 +287,7 @@ async def test_while_webhooks_wait_for_a_commit_turns_start_spaced_out_but_still
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert model.seen["telegram:1"] == [f"telegram:1/{i}" for i in range(3)]
-    assert len(claim_times) == 3
-    assert all(later - earlier >= delay for earlier, later in itertools.pairwise(claim_times))
+    assert sum(count for _, count in claims) == len(rows)
+    assert max(count for _, count in claims) <= inbox.BUSY_CLAIM_ROWS
+    times = [at for at, _ in claims]
+    assert all(later - earlier >= delay for earlier, later in itertools.pairwise(times))

@@ -168,6 +168,9 @@ def test_statuses_are_deduplicated_without_an_inbox_row(gateway: str, url: str) 
         (b'{"object": "page", "entry": []}', 200),
         (b'{"object": "whatsapp_business_account", "entry": [{"changes": []}]}', 200),
         (b"\xff\xfe", 400),
+        (b"[" * 20_000 + b"]" * 20_000, 400),  # deeper than the parsers go
+        (b'{"object": "page", "n": NaN, "big": 123456789012345678901234567890}', 200),  # orjson refuses
+        ('{"object": "page"}'.encode("utf-16"), 200),  # JSON may come in UTF-16
     ],
 )
 def test_bad_or_irrelevant_json(gateway: str, url: str, body: bytes, status: int) -> None:
