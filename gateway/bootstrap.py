@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def build_services(settings: Settings) -> Services:
     delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
     ingest = IngestWriter(engine, thread, settings.dedup_ttl_hours)
     runner = build_runner(settings, engine, thread)
+    worker = build_worker(settings, engine, runner, delivery, busy=lambda: ingest.busy)
     return Services(
         settings=settings,
         engine=engine,
@@ -85,7 +87,7 @@ def build_services(settings: Settings) -> Services:
         local_adapters=build_local_adapters(settings),
         ingest=ingest,
         sqlite_thread=thread,
-        worker=InboxWorker(engine, runner, on_committed=delivery.wake, busy=lambda: ingest.busy),
+        worker=worker,
         delivery=delivery,
         http=http,
     )
@@ -105,6 +107,20 @@ def build_local_adapters(settings: Settings) -> dict[str, PlatformAdapter]:
         return {}
     log.info("local_mode_on", platforms=disabled, key_file=str(path))
     return local_adapters(settings, key)
+
+
+def build_worker(
+    settings: Settings,
+    engine: AsyncEngine,
+    runner: Runner,
+    delivery: OutboxDelivery,
+    busy: Callable[[], bool] = lambda: False,
+) -> InboxWorker:
+    """The inbox worker, waking `delivery` after each turn (and starting the typing indicator if set)."""
+    worker = InboxWorker(engine, runner, on_committed=delivery.wake, busy=busy)
+    if settings.typing_indicator:
+        worker.before_turn = delivery.indicate_typing
+    return worker
 
 
 def build_pacing(settings: Settings) -> PacingLimits:

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_pacing, build_runner, build_senders, load_agent, turn_kinds
+from gateway.bootstrap import build_pacing, build_runner, build_senders, build_worker, load_agent, turn_kinds
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.http_client import http_client
 from gateway.logs import configure_logging
@@ -31,7 +31,6 @@ from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
 from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations, sessions
 from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping, safe_url
-from gateway.worker.inbox import InboxWorker
 from gateway.worker.outbound import OutboxDelivery
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -298,7 +297,7 @@ async def _worker(settings: Settings, engine: AsyncEngine) -> int:
     runner = build_runner(settings, engine)
     async with http_client(timeout=30) as http:
         delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
-        worker = InboxWorker(engine, runner, on_committed=delivery.wake)
+        worker = build_worker(settings, engine, runner, delivery)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

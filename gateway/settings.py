@@ -119,6 +119,11 @@ class Settings(BaseSettings):
     whatsapp_global_per_second: float = Field(
         default=80, ge=0, description="WhatsApp sends per second overall."
     )
+    typing_indicator: bool = Field(
+        default=False,
+        description="Show the user the bot is typing while a turn runs (Telegram sendChatAction; "
+        "WhatsApp marks the message read and shows typing); only where replies are sent for real.",
+    )
     local_key_file: str = Field(
         default="data/local.key",
         description="Key file of the local mode (`gateway simulate` without secrets); '' turns it off.",

@@ -65,13 +65,16 @@ class InboxWorker:
         owner: str | None = None,
         on_committed: Callable[[], None] = lambda: None,
         busy: Callable[[], bool] = lambda: False,
+        before_turn: Callable[[str, dict[str, Any]], None] = lambda platform, target: None,
     ) -> None:
         """`on_committed` runs after each committed turn (it wakes the delivery of the replies);
-        `busy` says whether this process's webhooks are waiting for a commit."""
+        `busy` says whether this process's webhooks are waiting for a commit; `before_turn` gets the
+        platform and reply target of each turn about to run (the typing indicator)."""
         self.engine = engine
         self.runner = runner
         self.on_committed = on_committed
         self.busy = busy
+        self.before_turn = before_turn
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
@@ -155,6 +158,7 @@ class InboxWorker:
             return InboxCompletion(row.id, self.owner, _replies(row, reply))
 
         with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
+            self.before_turn(row.platform, _reply_target(row))
             try:
                 await self.runner.run_async(row.session_id, row.text or "", metadata, commit_with=commit_with)
             except LeaseLostError:
@@ -207,11 +211,11 @@ class InboxWorker:
             log.warning("turn_failed", attempts=attempts, retry_in_s=round(delay, 1), error=error)
 
 
-def _replies(row: ClaimedRow, reply: str) -> list[OutboxEntry]:
+def _reply_target(row: ClaimedRow) -> dict[str, Any]:
     """Where the reply goes, read from the stored message: chat, topic, recipient, what it answers."""
     message = row.message
     conversation = message.get("conversation") or {}
-    target = {
+    return {
         "chat_id": conversation.get("chat_id"),
         "scope": conversation.get("scope"),
         "thread_id": conversation.get("thread_id"),
@@ -220,6 +224,11 @@ def _replies(row: ClaimedRow, reply: str) -> list[OutboxEntry]:
         "reply_to": message.get("message_id"),
         "chat_type": message.get("chat_type"),
     }
+
+
+def _replies(row: ClaimedRow, reply: str) -> list[OutboxEntry]:
+    message = row.message
+    target = _reply_target(row)
     entries = []
     if message.get("callback_query_id"):  # the user's spinner stops only when the query is answered
         entries.append(

@@ -83,9 +83,20 @@ class OutboxDelivery:
         self._wake = asyncio.Event()
         self._claim_at = max(1, concurrency // 4)  # free slots worth a claim while others are busy
         self._recording: set[asyncio.Task[bool]] = set()
+        self._typing: set[asyncio.Task[None]] = set()
 
     def wake(self) -> None:
         self._wake.set()
+
+    def indicate_typing(self, platform: str, target: dict[str, Any]) -> None:
+        """Start the platform's typing indicator for `target` in the background, where replies are
+        sent for real. Best effort and unpaced: it never delays a turn, and the sender logs failures."""
+        sender = self.senders.get(platform)
+        if sender is None:
+            return
+        task = asyncio.create_task(sender.indicate_typing(target), name=f"typing-{platform}")
+        self._typing.add(task)
+        task.add_done_callback(self._typing.discard)
 
     async def run(self) -> None:
         """Deliver until cancelled."""
@@ -113,6 +124,9 @@ class OutboxDelivery:
             await asyncio.gather(*running, return_exceptions=True)
             # What the platforms accepted is recorded before this returns (and the database closes).
             await asyncio.gather(*self._recording, return_exceptions=True)
+            for typing in self._typing:
+                typing.cancel()
+            await asyncio.gather(*self._typing, return_exceptions=True)
 
     async def run_until_idle(self) -> int:
         """Deliver until no row is claimable; return how many were handled (for tests and one-shot use)."""

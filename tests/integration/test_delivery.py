@@ -150,6 +150,38 @@ def test_the_whole_path_from_telegram_webhook_to_a_reply_at_the_fake_platform(da
     (reply,) = fake.calls("sendMessage")
     assert str(reply["chat_id"]) in body.decode()
     assert reply["text"]  # the demo agent's answer
+    assert fake.calls("sendChatAction") == []  # the typing indicator is off by default
+
+
+def test_with_the_typing_indicator_the_chat_sees_typing_while_the_turn_runs(database_url: str) -> None:
+    async def migrate() -> None:
+        engine = create_engine(database_url)
+        await migrations.upgrade(engine)
+        await engine.dispose()
+
+    asyncio.run(migrate())
+    fake = FakeTelegram(TOKEN)
+    fake.results["sendMessage"] = {"message_id": 1}
+    with serve_in_thread(fake.app) as telegram_base:
+        settings = Settings(
+            database_url=database_url,
+            telegram_secret_token="s3cret",
+            telegram_bot_token=TOKEN,
+            telegram_api_base=telegram_base,
+            typing_indicator=True,
+        )
+        with serve_in_thread(create_app(settings)) as gateway:
+            body = (PAYLOADS / "telegram" / "private_text.json").read_bytes()
+            headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret", "Content-Type": "application/json"}
+            assert (
+                httpx.post(f"{gateway}/webhooks/telegram", content=body, headers=headers).status_code == 200
+            )
+            deadline = time.monotonic() + 30
+            while not fake.calls("sendMessage") and time.monotonic() < deadline:
+                time.sleep(0.05)  # the turn and the delivery run after the ack, in the background
+    chat_id = json.loads(body)["message"]["chat"]["id"]
+    assert fake.calls("sendChatAction") == [{"chat_id": str(chat_id), "action": "typing"}]
+    assert sorted(r.path for r in fake.requests) == ["sendChatAction", "sendMessage"]  # in either order
 
 
 def test_whatsapp_statuses_move_the_sent_reply_forward_only(database_url: str) -> None:

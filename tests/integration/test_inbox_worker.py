@@ -291,3 +291,16 @@ async def test_while_webhooks_wait_for_a_commit_few_turns_start_at_a_time_but_al
     assert max(count for _, count in claims) <= inbox.BUSY_CLAIM_ROWS
     times = [at for at, _ in claims]
     assert all(later - earlier >= delay for earlier, later in itertools.pairwise(times))
+
+
+async def test_before_each_turn_the_worker_names_where_the_reply_will_go(
+    setup: tuple[AsyncEngine, Runner, Echo],
+) -> None:
+    engine, runner, _ = setup
+    await add_rows(engine, [("telegram:5", "telegram:5/a")], chat_type="group")
+    seen: list[tuple[str, dict[str, Any]]] = []
+    worker = InboxWorker(engine, runner, before_turn=lambda platform, target: seen.append((platform, target)))
+    assert await worker.run_until_idle() == 1
+    ((platform, target),) = seen
+    assert platform == "telegram"
+    assert (target["chat_id"], target["reply_to"], target["chat_type"]) == ("5", "telegram:5:0", "group")
