@@ -122,7 +122,12 @@ async def test_without_a_token_replies_are_dry_run(migrated: AsyncEngine) -> Non
     assert (await outbox(migrated))[0][0] == "dry_run"
 
 
-def test_the_whole_path_from_telegram_webhook_to_a_reply_at_the_fake_platform(database_url: str) -> None:
+TELEGRAM_TEXT = (PAYLOADS / "telegram" / "private_text.json").read_bytes()
+
+
+def telegram_round_trip(database_url: str, **settings: Any) -> FakeTelegram:
+    """One Telegram text webhook to a gateway on `database_url`; the fake Bot API once the reply is in."""
+
     async def migrate() -> None:
         engine = create_engine(database_url)
         await migrations.upgrade(engine)
@@ -132,54 +137,34 @@ def test_the_whole_path_from_telegram_webhook_to_a_reply_at_the_fake_platform(da
     fake = FakeTelegram(TOKEN)
     fake.results["sendMessage"] = {"message_id": 1}
     with serve_in_thread(fake.app) as telegram_base:
-        settings = Settings(
+        config = Settings(
             database_url=database_url,
             telegram_secret_token="s3cret",
             telegram_bot_token=TOKEN,
             telegram_api_base=telegram_base,
+            **settings,
         )
-        with serve_in_thread(create_app(settings)) as gateway:
-            body = (PAYLOADS / "telegram" / "private_text.json").read_bytes()
+        with serve_in_thread(create_app(config)) as gateway:
             headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret", "Content-Type": "application/json"}
-            assert (
-                httpx.post(f"{gateway}/webhooks/telegram", content=body, headers=headers).status_code == 200
-            )
+            response = httpx.post(f"{gateway}/webhooks/telegram", content=TELEGRAM_TEXT, headers=headers)
+            assert response.status_code == 200
             deadline = time.monotonic() + 30
             while not fake.calls("sendMessage") and time.monotonic() < deadline:
                 time.sleep(0.05)  # the turn and the delivery run after the ack, in the background
+    return fake
+
+
+def test_the_whole_path_from_telegram_webhook_to_a_reply_at_the_fake_platform(database_url: str) -> None:
+    fake = telegram_round_trip(database_url)
     (reply,) = fake.calls("sendMessage")
-    assert str(reply["chat_id"]) in body.decode()
+    assert str(reply["chat_id"]) in TELEGRAM_TEXT.decode()
     assert reply["text"]  # the demo agent's answer
     assert fake.calls("sendChatAction") == []  # the typing indicator is off by default
 
 
 def test_with_the_typing_indicator_the_chat_sees_typing_while_the_turn_runs(database_url: str) -> None:
-    async def migrate() -> None:
-        engine = create_engine(database_url)
-        await migrations.upgrade(engine)
-        await engine.dispose()
-
-    asyncio.run(migrate())
-    fake = FakeTelegram(TOKEN)
-    fake.results["sendMessage"] = {"message_id": 1}
-    with serve_in_thread(fake.app) as telegram_base:
-        settings = Settings(
-            database_url=database_url,
-            telegram_secret_token="s3cret",
-            telegram_bot_token=TOKEN,
-            telegram_api_base=telegram_base,
-            typing_indicator=True,
-        )
-        with serve_in_thread(create_app(settings)) as gateway:
-            body = (PAYLOADS / "telegram" / "private_text.json").read_bytes()
-            headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret", "Content-Type": "application/json"}
-            assert (
-                httpx.post(f"{gateway}/webhooks/telegram", content=body, headers=headers).status_code == 200
-            )
-            deadline = time.monotonic() + 30
-            while not fake.calls("sendMessage") and time.monotonic() < deadline:
-                time.sleep(0.05)  # the turn and the delivery run after the ack, in the background
-    chat_id = json.loads(body)["message"]["chat"]["id"]
+    fake = telegram_round_trip(database_url, typing_indicator=True)
+    chat_id = json.loads(TELEGRAM_TEXT)["message"]["chat"]["id"]
     assert fake.calls("sendChatAction") == [{"chat_id": str(chat_id), "action": "typing"}]
     assert sorted(r.path for r in fake.requests) == ["sendChatAction", "sendMessage"]  # in either order
 
