@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.store import migrations
 from gateway.store.engine import create_engine, sqlite_file_path
 from gateway.store.ingest import (
+    BUSY_WAITING_REQUESTS,
     MAX_ROWS_PER_STATEMENT,
     SWITCH_INTERVAL_SECONDS,
     InboxEntry,
@@ -191,3 +192,18 @@ async def test_the_writer_lowers_the_gil_switch_interval_while_it_runs(sqlite_ur
         await thread.aclose()
         await engine.dispose()
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+async def test_the_writer_is_busy_only_while_many_requests_wait(ingest: Ingest) -> None:
+    """A flood (many webhooks waiting for a commit) makes the writer busy; a steady trickle does not."""
+
+    async def waiting_after(count: int, prefix: str) -> bool:
+        writes = [asyncio.create_task(ingest.writer.write([item(f"{prefix}{n}")])) for n in range(count)]
+        await asyncio.sleep(0)  # every write is queued and waits for its commit, none is answered yet
+        busy = ingest.writer.busy
+        assert all(result == [True] for result in await asyncio.gather(*writes))
+        return busy
+
+    assert not await waiting_after(BUSY_WAITING_REQUESTS - 1, "few")
+    assert await waiting_after(BUSY_WAITING_REQUESTS, "many")
+    assert not ingest.writer.busy  # all answered
