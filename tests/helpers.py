@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import uvicorn
+from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp
@@ -107,3 +108,25 @@ def _postgres_admin(admin_url: str, statement: str) -> None:
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(asyncio.run, run()).result()
+
+
+def json_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path (keys and indexes) of every part of parsed JSON, the whole of it first."""
+    found = [prefix]
+    if isinstance(node, dict):
+        for key, child in node.items():
+            found += json_paths(child, (*prefix, key))
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            found += json_paths(child, (*prefix, index))
+    return found
+
+
+def replace_one_part(data: st.DataObject, payload: Any, values: st.SearchStrategy[Any]) -> tuple[Any, ...]:
+    """Replace one part of `payload` (at any depth, never the whole) with a drawn value; its path."""
+    path: tuple[Any, ...] = data.draw(st.sampled_from(json_paths(payload)[1:]))
+    parent = payload
+    for step in path[:-1]:
+        parent = parent[step]
+    parent[path[-1]] = data.draw(values)
+    return path

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from gateway.app import create_app
 from gateway.platforms.whatsapp import WhatsAppAdapter
 from gateway.settings import Settings
-from tests.helpers import serve_in_thread
+from tests.helpers import replace_one_part, serve_in_thread
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 APP_SECRET = "wa-app-secret-for-fuzz"
@@ -39,17 +38,6 @@ json_values = st.recursive(
 )
 
 
-def paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [prefix]
-    if isinstance(node, dict):
-        for key, child in node.items():
-            found += paths(child, (*prefix, key))
-    elif isinstance(node, list):
-        for index, child in enumerate(node):
-            found += paths(child, (*prefix, index))
-    return found
-
-
 def headers(platform: str, body: bytes) -> dict[str, str]:
     if platform == "whatsapp":
         return {"X-Hub-Signature-256": WhatsAppAdapter.sign(APP_SECRET, body)}
@@ -67,11 +55,7 @@ def test_mutated_real_payloads_are_always_acknowledged(migrated_url: str) -> Non
         def post_a_mutated_payload(data: st.DataObject) -> None:
             platform, path = data.draw(st.sampled_from(FIXTURES))
             payload = json.loads(path.read_bytes())
-            where = data.draw(st.sampled_from(paths(payload)[1:]))
-            parent = payload
-            for step in where[:-1]:
-                parent = parent[step]
-            parent[where[-1]] = data.draw(json_values)
+            where = replace_one_part(data, payload, json_values)
             body = json.dumps(payload).encode()  # escapes non-ASCII, lone surrogates included
             response = client.post(f"/webhooks/{platform}", content=body, headers=headers(platform, body))
             assert response.status_code == 200, (path.name, where, response.text)

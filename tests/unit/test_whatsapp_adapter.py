@@ -23,6 +23,7 @@ from gateway.domain.inbound import (
 from gateway.platforms import whatsapp
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.whatsapp import SIGNATURE_HEADER, WhatsAppAdapter
+from tests.helpers import replace_one_part
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads" / "whatsapp"
 SECRET = "0123456789abcdef0123456789abcdef"
@@ -712,17 +713,6 @@ def test_never_raises_on_arbitrary_json_objects(payload: dict[str, Any]) -> None
     _parse_checked(payload)
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [prefix]
-    if isinstance(node, dict):
-        for key, child in node.items():
-            found += _paths(child, (*prefix, key))
-    elif isinstance(node, list):
-        for index, child in enumerate(node):
-            found += _paths(child, (*prefix, index))
-    return found
-
-
 FIXTURE_NAMES = sorted(p.stem for p in PAYLOADS.glob("*.json"))
 
 
@@ -731,9 +721,5 @@ FIXTURE_NAMES = sorted(p.stem for p in PAYLOADS.glob("*.json"))
 def test_never_raises_on_mutated_fixtures(data: st.DataObject) -> None:
     """Real payloads with any one part replaced by arbitrary JSON: the shapes parse() actually walks."""
     payload = load(data.draw(st.sampled_from(FIXTURE_NAMES)))
-    path = data.draw(st.sampled_from(_paths(payload)[1:]))
-    parent = payload
-    for step in path[:-1]:
-        parent = parent[step]
-    parent[path[-1]] = data.draw(json_values)
+    replace_one_part(data, payload, json_values)
     _parse_checked(payload)
