@@ -1,0 +1,82 @@
+"""What the gateway sends: a reply (or a callback answer) and where it goes, typed per platform.
+
+The worker builds these from a turn, the store keeps them as outbox rows (a target as JSON, see
+`ReplyTarget.to_json`) and the platform's sender reads them back. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar, Self
+
+
+class OutboundKind(StrEnum):
+    TEXT = "text"
+    ANSWER_CALLBACK = "answer_callback"  # stops the spinner of a pressed inline button (Telegram)
+
+
+@dataclass(frozen=True)
+class ReplyTarget:
+    """Where a reply goes: the chat, and the message it answers. Each platform adds what it needs.
+
+    Stored as JSON in the outbox; `from_json` takes the fields it knows and ignores the rest, so rows
+    written by another version of the gateway still read.
+    """
+
+    platform: ClassVar[str] = ""
+    chat_id: str
+    reply_to: str | None = None  # the platform's id of the message being answered
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        values = {f.name: _text(data.get(f.name)) for f in dataclasses.fields(cls) if f.name in data}
+        values["chat_id"] = _text(data.get("chat_id")) or ""
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TelegramTarget(ReplyTarget):
+    platform: ClassVar[str] = "telegram"
+    thread_id: str | None = None  # the forum topic
+    chat_type: str | None = None  # "group": quote the message answered
+    callback_query_id: str | None = None  # for an ANSWER_CALLBACK
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        if "id" in data and "callback_query_id" not in data:  # rows written before this field had a name
+            data = {**data, "callback_query_id": data["id"]}
+        return super().from_json(data)
+
+
+@dataclass(frozen=True)
+class WhatsAppTarget(ReplyTarget):
+    """`chat_id` is the user's id (wa_id or business-scoped id); `scope` the business number's id."""
+
+    platform: ClassVar[str] = "whatsapp"
+    scope: str | None = None
+    phone: str | None = None
+    user_id: str | None = None
+
+
+@dataclass(frozen=True)
+class OutboundMessage:
+    """One platform call to make for a conversation, in order."""
+
+    platform: str
+    session_id: str
+    kind: OutboundKind
+    target: ReplyTarget
+    text: str | None = None
+
+
+def _text(value: Any) -> str | None:
+    """Ids arrive as numbers or strings (JSON of older rows too); targets hold strings."""
+    if value is None or isinstance(value, bool):
+        return None
+    return str(value)
