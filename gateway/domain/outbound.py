@@ -35,8 +35,10 @@ class ReplyTarget:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
-        values = {f.name: _text(data.get(f.name)) for f in dataclasses.fields(cls) if f.name in data}
-        values["chat_id"] = _text(data.get("chat_id")) or ""
+        values: dict[str, Any] = {
+            f.name: _text(data[f.name]) for f in dataclasses.fields(cls) if f.name in data
+        }
+        values["chat_id"] = values.get("chat_id") or ""
         return cls(**values)
 
 
