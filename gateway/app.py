@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,7 +13,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.bootstrap import Services, build_services, turn_kinds
+from gateway.bootstrap import Services, build_services, freeze_startup_objects, tune_interpreter, turn_kinds
 from gateway.logs import configure_logging
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, SENDING_SETTING, sends_for_real
 from gateway.settings import Settings, load_settings
@@ -32,7 +31,6 @@ from gateway.web.webhooks import WebhookReceiver, Webhooks, handshake
 log = structlog.get_logger("gateway.app")
 WEBHOOK_PATH = "/webhooks/{platform}"
 _WEBHOOK_PREFIX = "/webhooks/"
-GC_THRESHOLDS = (10_000, 20, 20)  # Python's defaults are (700, 10, 10)
 MIN_STRONG_TOKEN_LENGTH = 16  # a shorter admin token is accepted, with a warning
 
 
@@ -45,6 +43,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     if settings is None:
         settings = load_settings()
         configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
+        tune_interpreter()
     metrics = HttpMetrics()
     schema_head = migrations.head_revision()
     database_url = settings.database_url
@@ -55,18 +54,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
         try:
             if is_memory_sqlite(database_url):
                 # Nobody else can see an in-memory database, so the app migrates its own.
-                await migrations.upgrade(services.engine)
+                await migrations.upgrade(services.database.engine)
             await services.start()
-            # The objects of start-up live as long as the process: keep the collector from rescanning them,
-            # and let it run less often: each webhook allocates hundreds of short-lived objects, and
-            # Python's default (a collection every 700) cost about 7% of the acknowledgements per second.
-            gc.freeze()
-            gc.set_threshold(*GC_THRESHOLDS)
+            freeze_startup_objects()
             _log_platforms(settings, services)
             log.info("gateway_started", database=safe_url(database_url), schema_head=schema_head)
             webhooks = Webhooks(
                 adapters=services.adapters,
-                writer=services.ingest,
+                ingest=services.ingest,
                 max_body_bytes=settings.max_body_bytes,
                 whatsapp_verify_token=_secret(settings.whatsapp_verify_token),
                 local_adapters=services.local_adapters,
@@ -81,7 +76,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             _log_admin(admin)
             yield {
                 "admin": admin,
-                "engine": services.engine,
+                "database": services.database,
                 "schema_head": schema_head,
                 "settings": settings,
                 "webhooks": webhooks,

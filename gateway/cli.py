@@ -16,12 +16,10 @@ import httpx
 import structlog
 import uvicorn
 from alembic.util.exc import CommandError
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_pacing, build_runner, build_senders, build_worker, load_agent, turn_kinds
+from gateway.bootstrap import build_runner, build_services, load_agent, tune_interpreter, turn_kinds
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.http_client import http_client
 from gateway.logs import configure_logging
@@ -30,8 +28,8 @@ from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, telegram_bot
 from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
 from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations, sessions
-from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping, safe_url
-from gateway.worker.outbound import OutboxDelivery
+from gateway.store.database import FAILURE_ERRORS, Database
+from gateway.store.engine import describe_failure, is_memory_sqlite, ping, safe_url
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
@@ -161,13 +159,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_telegram(settings, args))
         if args.command == "worker":
             load_agent(settings.agent)
-            return _with_engine(settings, lambda engine: _worker(settings, engine))
+            return asyncio.run(_worker(settings))
         if args.command == "simulate":
-            return _with_engine(settings, lambda engine: _simulate(settings, engine, args))
+            return _with_database(settings, lambda database: _simulate(settings, database, args))
         if args.command == "chat":
-            return _with_engine(settings, lambda engine: _chat(settings, engine, args.session))
+            return _with_database(settings, lambda database: _chat(settings, database, args.session))
         if args.command == "dedup":
-            purged = _with_engine(settings, _purge)
+            purged = _with_database(settings, _purge)
             print(f"purged {purged} expired message keys")
             return EXIT_OK
         if args.command == "inbox":
@@ -183,25 +181,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def _with_engine(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+def _with_database(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
     async def run() -> T:
-        engine = create_engine(settings.database_url)
+        database = Database.open(settings.database_url)
         try:
-            return await work(engine)
+            return await work(database)
         except CommandError as exc:
             raise CommandFailed(str(exc)) from None
-        except (SQLAlchemyError, OSError) as exc:
-            raise CommandFailed(describe_failure(engine.url, exc)) from None
+        except FAILURE_ERRORS as exc:
+            raise CommandFailed(describe_failure(settings.database_url, exc)) from None
         finally:
-            await engine.dispose()
+            await database.aclose()
 
     return asyncio.run(run())
 
 
-async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None) -> int:
+async def _chat(settings: Settings, database: Database, session_id: str | None) -> int:
     """A terminal conversation, persisted like any other: a way to try agents before a platform."""
-    await migrations.ensure_head(engine)
-    runner = build_runner(settings, engine)
+    await migrations.ensure_head(database)
+    runner = build_runner(settings, database)
     session_id = session_id or f"cli:{uuid.uuid4().hex[:8]}"
     existing = await runner.session_store.get(session_id)
     if existing is None:
@@ -227,7 +225,7 @@ async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None)
         print(f"{result.agent_name}> {result.content}")
 
 
-async def _simulate(settings: Settings, engine: AsyncEngine, args: argparse.Namespace) -> int:
+async def _simulate(settings: Settings, database: Database, args: argparse.Namespace) -> int:
     """Post what the platform would, then wait in the database for the turn's replies.
 
     Signs with the platform's configured secret, or else with the local mode's key (which the
@@ -258,7 +256,7 @@ async def _simulate(settings: Settings, engine: AsyncEngine, args: argparse.Name
     if response.status_code != 200:
         raise CommandFailed(f"the gateway answered {response.status_code}: {response.text[:300]}")
     deadline = asyncio.get_running_loop().time() + args.timeout
-    while (found := await inbox.outcome(engine, webhook.dedup_key)) is None or found.status == "pending":
+    while (found := await inbox.outcome(database, webhook.dedup_key)) is None or found.status == "pending":
         if asyncio.get_running_loop().time() > deadline:
             raise CommandFailed(
                 f"no reply within {args.timeout:g} s in {safe_url(settings.database_url)}"
@@ -291,26 +289,28 @@ def _local_url(settings: Settings) -> str:
     return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
 
 
-async def _worker(settings: Settings, engine: AsyncEngine) -> int:
-    """Answer inbox rows and deliver replies until SIGTERM or Ctrl-C; rows in flight are handed back."""
-    await migrations.ensure_head(engine)
-    runner = build_runner(settings, engine)
-    async with http_client(timeout=30) as http:
-        delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
-        worker = build_worker(settings, engine, runner, delivery)
+async def _worker(settings: Settings) -> int:
+    """Answer inbox rows and deliver replies until SIGTERM or Ctrl-C; rows in flight are handed back.
+
+    The same services as `gateway serve` builds (one Database, so one SQLite writer), without HTTP.
+    """
+    tune_interpreter()
+    services = build_services(settings)
+    try:
+        await migrations.ensure_head(services.database)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        tasks = [asyncio.create_task(worker.run()), asyncio.create_task(delivery.run())]
-        try:
-            await stop.wait()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await runner.session_store.aclose()
-    log.info("worker_stopped", owner=worker.owner)
+        await services.start()
+        await stop.wait()
+    except CommandError as exc:
+        raise CommandFailed(str(exc)) from None
+    except FAILURE_ERRORS as exc:
+        raise CommandFailed(describe_failure(settings.database_url, exc)) from None
+    finally:
+        await services.aclose()
+    log.info("worker_stopped", owner=services.worker.owner)
     return EXIT_OK
 
 
@@ -344,23 +344,23 @@ def _telegram_webhook_url(url: str) -> str:
     return url if url.rstrip("/").endswith("/webhooks/telegram") else url.rstrip("/") + "/webhooks/telegram"
 
 
-async def _purge(engine: AsyncEngine) -> int:
-    await migrations.ensure_head(engine)
-    return await dedup.purge_expired(engine)
+async def _purge(database: Database) -> int:
+    await migrations.ensure_head(database)
+    return await dedup.purge_expired(database)
 
 
-async def _list_inbox(engine: AsyncEngine, status: str | None, limit: int) -> list[inbox.InboxItem]:
-    await migrations.ensure_head(engine)
-    return await inbox.list_items(engine, status, limit)
+async def _list_inbox(database: Database, status: str | None, limit: int) -> list[inbox.InboxItem]:
+    await migrations.ensure_head(database)
+    return await inbox.list_items(database, status, limit)
 
 
 def _inbox(settings: Settings, args: argparse.Namespace) -> int:
     if args.inbox_command == "retry":
-        if not _with_engine(settings, lambda engine: inbox.retry(engine, args.id)):
+        if not _with_database(settings, lambda database: inbox.retry(database, args.id)):
             raise CommandFailed(f"no dead inbox row with id {args.id}")
         print(f"inbox row {args.id} requeued")
         return EXIT_OK
-    items = _with_engine(settings, lambda engine: _list_inbox(engine, args.status, args.limit))
+    items = _with_database(settings, lambda database: _list_inbox(database, args.status, args.limit))
     for item in items:
         text = (item.text or "").replace("\n", " ")
         text = text if len(text) <= 60 else text[:57] + "..."
@@ -374,12 +374,12 @@ def _inbox(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _on_sessions(settings: Settings, work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
-    async def migrated(engine: AsyncEngine) -> T:
-        await migrations.ensure_head(engine)
-        return await work(engine)
+def _on_sessions(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
+    async def migrated(database: Database) -> T:
+        await migrations.ensure_head(database)
+        return await work(database)
 
-    return _with_engine(settings, migrated)
+    return _with_database(settings, migrated)
 
 
 def _sessions(settings: Settings, args: argparse.Namespace) -> int:
@@ -389,7 +389,7 @@ def _sessions(settings: Settings, args: argparse.Namespace) -> int:
         return _list_sessions(settings, args)
     session_id: str = args.id
     if action == "show":
-        detail = _on_sessions(settings, lambda engine: sessions.get_session(engine, session_id))
+        detail = _on_sessions(settings, lambda database: sessions.get_session(database, session_id))
         if detail is None:
             raise CommandFailed(f"no session {session_id!r}")
         _print_session(detail)
@@ -398,12 +398,14 @@ def _sessions(settings: Settings, args: argparse.Namespace) -> int:
             title = sessions.clean_title(args.title)
         except ValueError as exc:
             raise SettingsError(f"invalid TITLE: {exc}") from None
-        renamed = _on_sessions(settings, lambda engine: sessions.rename_session(engine, session_id, title))
+        renamed = _on_sessions(
+            settings, lambda database: sessions.rename_session(database, session_id, title)
+        )
         if renamed is None:
             raise CommandFailed(f"no session {session_id!r}")
         print(f"session {session_id} renamed to {title!r}")
     else:
-        if not _on_sessions(settings, lambda engine: sessions.delete_session(engine, session_id)):
+        if not _on_sessions(settings, lambda database: sessions.delete_session(database, session_id)):
             raise CommandFailed(f"no session {session_id!r}")
         print(f"session {session_id} deleted, with its messages")
     return EXIT_OK
@@ -423,8 +425,8 @@ def _list_sessions(settings: Settings, args: argparse.Namespace) -> int:
     limit = min(args.limit, sessions.MAX_PAGE_SIZE)
     page = _on_sessions(
         settings,
-        lambda engine: sessions.list_sessions(
-            engine, limit=limit, after=after, platform=args.platform, query=args.query
+        lambda database: sessions.list_sessions(
+            database, limit=limit, after=after, platform=args.platform, query=args.query
         ),
     )
     for session in page.sessions:
@@ -462,15 +464,15 @@ def _db(settings: Settings, args: argparse.Namespace) -> int:
     if action == "history":
         print(migrations.history(), end="")
     elif action == "upgrade":
-        print(_with_engine(settings, lambda e: migrations.upgrade(e, args.revision)), end="")
-        print(f"database at {_with_engine(settings, migrations.current)}")
+        print(_with_database(settings, lambda e: migrations.upgrade(e, args.revision)), end="")
+        print(f"database at {_with_database(settings, migrations.current)}")
     elif action == "downgrade":
-        print(_with_engine(settings, lambda e: migrations.downgrade(e, args.revision)), end="")
-        print(f"database at {_with_engine(settings, migrations.current) or 'base'}")
+        print(_with_database(settings, lambda e: migrations.downgrade(e, args.revision)), end="")
+        print(f"database at {_with_database(settings, migrations.current) or 'base'}")
     elif action == "current":
-        print(_with_engine(settings, migrations.current) or "base (no migration applied)")
+        print(_with_database(settings, migrations.current) or "base (no migration applied)")
     elif action == "check":
-        differences = _with_engine(settings, migrations.check)
+        differences = _with_database(settings, migrations.check)
         if differences:
             raise CommandFailed(f"models and migrations differ: {differences}")
         print("models and migrations agree")
@@ -486,9 +488,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         if args.workers > 1:
             raise CommandFailed("an in-memory SQLite database cannot be shared by several --workers")
     elif args.no_migrate:
-        _with_engine(settings, ping)
+        _with_database(settings, lambda database: ping(database.engine))
     else:
-        _with_engine(settings, migrations.upgrade)
+        _with_database(settings, migrations.upgrade)
         log.info("database_migrated", revision=migrations.head_revision())
 
     if args.workers > 1:
@@ -516,6 +518,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
     )
     server = uvicorn.Server(config)
+    tune_interpreter()
     # uvicorn re-raises the signal that stopped it once it has drained; with a handler in place
     # that re-raise is a no-op, so a graceful stop ends with exit code 0 instead of -15.
     for signum in (signal.SIGTERM, signal.SIGINT):

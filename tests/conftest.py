@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import BaseSessionStore, SessionStore, SQLiteSessionStore, SQLSessionStore
 from gateway.store import migrations
+from gateway.store.database import Database
 from gateway.store.engine import create_engine
 from tests.helpers import postgres_database
 
@@ -72,6 +73,14 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     engine = create_engine(database_url)
     yield engine
     await engine.dispose()
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[Database]:
+    """The service's view of `database_url`: its Database (on an SQLite file, with the writer thread)."""
+    database = Database.open(database_url)
+    yield database
+    await database.aclose()
 
 
 @pytest.fixture(

@@ -16,7 +16,6 @@ from gateway.agents.stores.base import BaseSessionStore
 from gateway.agents.stores.memory import SessionStore
 from gateway.agents.tools import execute_tool_call
 from gateway.domain.messages import Message, Role
-from gateway.store.turns import InboxCompletion
 
 log = structlog.get_logger(__name__)
 
@@ -82,12 +81,13 @@ class Runner:
         user_message: str,
         metadata: Mapping[str, Any] | None = None,
         *,
-        commit_with: Callable[[list[Message]], InboxCompletion] | None = None,
+        commit_with: Callable[[list[Message]], object] | None = None,
     ) -> RunResult:
         """Run one turn. On any failure (exception, timeout, cancellation) the session is left as it was.
 
-        `commit_with` turns the turn's new messages into what the gateway's worker commits along with
-        the session (its inbox row done, the replies to deliver), in the same transaction.
+        `commit_with` turns the turn's new messages into what the caller commits along with the
+        session, in the same transaction (the gateway's worker: its inbox row done, the replies to
+        deliver); the runner hands it to the store's save without looking at it.
         """
         store = self.session_store
         async with store.session_lock(session_id):
@@ -99,9 +99,9 @@ class Runner:
                     session.metadata.update(metadata)  # after the checkpoint: a failed turn undoes it
                 new_messages = await self._turn(session, user_message)
                 session._prune_history()
-                completion = commit_with(new_messages) if commit_with is not None else None
+                also = commit_with(new_messages) if commit_with is not None else None
                 if store.save_may_suspend:
-                    saving = asyncio.ensure_future(store.save(session, completion))
+                    saving = asyncio.ensure_future(store.save(session, also))
                     try:
                         await asyncio.shield(saving)
                     except asyncio.CancelledError:
@@ -112,7 +112,7 @@ class Runner:
                         saved = not saving.cancelled() and saving.exception() is None
                         raise
                 else:
-                    await store.save(session, completion)  # never suspends, so it cannot be cut in half
+                    await store.save(session, also)  # never suspends, so it cannot be cut in half
                 saved = True
             except BaseException:
                 if not saved:

@@ -1,20 +1,172 @@
-"""Reading and requeueing inbox rows, for operators (`gateway inbox …`, later the admin API)."""
+"""The inbox (`chatflow_inbox`): messages accepted by the webhooks, waiting for (or done with) their turn.
+
+A row is written with its dedup key before the webhook answers 200 (gateway/store/ingest.py); the
+worker claims it (gateway/store/leases.py) and its turn marks it done in the turn's own transaction
+(gateway/store/turns.py). Operators list, read and requeue rows (`gateway inbox …`, the admin API).
+"""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
+from functools import cache
+from typing import Any
 
+import orjson
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from gateway.store.engine import SQLITE_IMMEDIATE
-from gateway.store.tables import InboxRow, OutboxRow
+from gateway.domain.inbound import InboundMessage, agent_text
+from gateway.domain.messages import utcnow
+from gateway.errors import GatewayError
+from gateway.store import leases, outbox
+from gateway.store.database import Database
+from gateway.store.sqlite_thread import to_sqlite_datetime
+from gateway.store.tables import InboxRow
 
 STATUSES = ("pending", "recorded", "done", "dead")
 MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL
+_CLAIMED = ("platform", "session_id", "text", "message_json", "attempts")
 
 
+class LeaseLostError(GatewayError):
+    """The inbox row is no longer ours (its lease expired and another worker took it); nothing was written."""
+
+
+# --- writing new rows (the webhooks) ---------------------------------------------------------------
+InsertParams = tuple[Any, ...]  # 10 per row, in the column order of insert_sql
+
+
+def status_of(pending: bool) -> str:
+    """ "pending" when a turn is due, "recorded" when the message is only kept."""
+    return "pending" if pending else "recorded"
+
+
+def insert_params(message: InboundMessage, pending: bool, stamp: str) -> InsertParams:
+    return (
+        message.dedup_key,
+        message.platform,
+        message.session_id,
+        message.message_id,
+        message.kind.value,
+        agent_text(message),
+        json_text(message.to_dict()),
+        status_of(pending),
+        stamp,
+        stamp,
+    )
+
+
+@cache
+def insert_sql(count: int) -> str:
+    """`count` new rows; a key re-claimed after its TTL keeps its old row (parameters: InsertParams each)."""
+    rows = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?)"] * count)
+    return (
+        "INSERT OR IGNORE INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, text, "
+        f"message_json, status, attempts, next_attempt_at, received_at) VALUES {rows}"
+    )
+
+
+# The insert inside the ingest trigger (gateway/store/ingest.py), after its key's claim changed a row.
+TRIGGER_INSERT = (
+    "INSERT OR IGNORE INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, text, "
+    "message_json, status, attempts, next_attempt_at, received_at) SELECT NEW.message_key, "
+    "NEW.inbox_platform, NEW.session_id, NEW.message_id, NEW.kind, NEW.text, NEW.message_json, NEW.status, "
+    "0, NEW.processed_at, NEW.processed_at WHERE NEW.inbox AND changes() = 1"
+)
+
+
+def insert_values(message: InboundMessage, pending: bool, now: datetime) -> dict[str, Any]:
+    """A new row for SQLAlchemy's insert (on conflict do nothing, as insert_sql)."""
+    return {
+        "dedup_key": message.dedup_key,
+        "platform": message.platform,
+        "session_id": message.session_id,
+        "message_id": message.message_id,
+        "kind": message.kind.value,
+        "text": agent_text(message),
+        "message_json": message.to_dict(),
+        "status": status_of(pending),
+        "attempts": 0,
+        "next_attempt_at": now,
+        "received_at": now,
+    }
+
+
+def insert(db: Database, rows: list[dict[str, Any]]) -> Any:
+    return db.insert(InboxRow).values(rows).on_conflict_do_nothing()
+
+
+def json_text(value: dict[str, Any]) -> str:
+    """orjson, a tenth of json.dumps' time on the webhook path; json.dumps for what orjson refuses
+    (a lone surrogate from a "\\ud800" escape, an integer over 64 bits), so any JSON is stored."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
+# --- the worker ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClaimedMessage:
+    id: int
+    platform: str
+    session_id: str
+    text: str | None
+    message: dict[str, Any]  # the stored InboundMessage.to_dict()
+    attempts: int
+
+
+async def claim(db: Database, owner: str, lease: timedelta, limit: int) -> list[ClaimedMessage]:
+    rows = await leases.claim(db, InboxRow, _CLAIMED, owner, lease, limit)
+    return [ClaimedMessage(*row) for row in rows]
+
+
+_COMPLETE = (
+    "UPDATE chatflow_inbox SET status = 'done', finished_at = ?, lease_owner = NULL, lease_until = NULL "
+    "WHERE id = ? AND lease_owner = ? AND status = 'pending'"
+)
+
+
+def complete_on_file(conn: sqlite3.Connection, inbox_id: int, owner: str, now: datetime) -> None:
+    """Mark the row done if `owner` still holds it; LeaseLostError (nothing kept) otherwise."""
+    if conn.execute(_COMPLETE, (to_sqlite_datetime(now), inbox_id, owner)).rowcount != 1:
+        raise LeaseLostError(f"inbox row {inbox_id} is no longer held by {owner}")
+
+
+async def complete_on_engine(conn: AsyncConnection, inbox_id: int, owner: str, now: datetime) -> None:
+    done = await conn.execute(
+        update(InboxRow)
+        .where(InboxRow.id == inbox_id, InboxRow.lease_owner == owner, InboxRow.status == "pending")
+        .values(status="done", finished_at=now, lease_owner=None, lease_until=None)
+    )
+    if done.rowcount != 1:
+        raise LeaseLostError(f"inbox row {inbox_id} is no longer held by {owner}")
+
+
+async def release(db: Database, inbox_id: int, owner: str) -> bool:
+    return await leases.release(db, InboxRow, inbox_id, owner)
+
+
+async def fail(
+    db: Database, inbox_id: int, owner: str, *, attempts: int, error: str, retry_at: datetime, dead: bool
+) -> bool:
+    """Record a failed turn: retried at `retry_at`, or `dead` (an operator may requeue it)."""
+    values: dict[str, Any] = {
+        "attempts": attempts,
+        "last_error": error,
+        "lease_owner": None,
+        "lease_until": None,
+        "next_attempt_at": retry_at,
+    }
+    if dead:
+        values.update(status="dead", finished_at=utcnow())
+    return await leases.update_row(db, InboxRow, inbox_id, values, lease_owner=owner)
+
+
+# --- operators -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class InboxItem:
     id: int
@@ -41,41 +193,35 @@ _ITEM_COLUMNS = (
 )
 
 
-async def list_items(engine: AsyncEngine, status: str | None = None, limit: int = 50) -> list[InboxItem]:
+async def list_items(db: Database, status: str | None = None, limit: int = 50) -> list[InboxItem]:
     """Newest first, optionally of one status."""
     query = select(*_ITEM_COLUMNS).order_by(InboxRow.id.desc())
     if status is not None:
         query = query.where(InboxRow.status == status)
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         return [InboxItem(*row) for row in await conn.execute(query.limit(limit))]
 
 
-async def get_item(engine: AsyncEngine, inbox_id: int) -> InboxItem | None:
-    async with engine.connect() as conn:
+async def get_item(db: Database, inbox_id: int) -> InboxItem | None:
+    async with db.connect() as conn:
         row = (await conn.execute(select(*_ITEM_COLUMNS).where(InboxRow.id == inbox_id))).one_or_none()
     return None if row is None else InboxItem(*row)
 
 
-async def retry(engine: AsyncEngine, inbox_id: int) -> bool:
+async def retry(db: Database, inbox_id: int) -> bool:
     """Put a dead row back in the queue with fresh attempts; False if there is no dead row with that id."""
-    return await requeue(engine, inbox_id) is not None
+    return await requeue(db, inbox_id) is not None
 
 
-async def requeue(engine: AsyncEngine, inbox_id: int) -> InboxItem | None:
+async def requeue(db: Database, inbox_id: int) -> InboxItem | None:
     """Like `retry`, answering the row as the requeue left it (None if there is no dead row with that id)."""
     statement = (
         update(InboxRow)
         .where(InboxRow.id == inbox_id, InboxRow.status == "dead")
-        .values(
-            status="pending",
-            attempts=0,
-            next_attempt_at=datetime.now(UTC),
-            lease_owner=None,
-            lease_until=None,
-        )
+        .values(status="pending", attempts=0, next_attempt_at=utcnow(), lease_owner=None, lease_until=None)
         .returning(*_ITEM_COLUMNS)
     )
-    async with engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+    async with db.begin() as conn:
         row = (await conn.execute(statement)).one_or_none()
     return None if row is None else InboxItem(*row)
 
@@ -89,9 +235,9 @@ class Outcome:
     replies: list[str]
 
 
-async def outcome(engine: AsyncEngine, dedup_key: str) -> Outcome | None:
+async def outcome(db: Database, dedup_key: str) -> Outcome | None:
     """None while no inbox row has that key; the replies are there once the status is `done`."""
-    async with engine.connect() as conn:
+    async with db.connect() as conn:
         row = (
             await conn.execute(
                 select(InboxRow.id, InboxRow.status, InboxRow.last_error).where(
@@ -101,9 +247,4 @@ async def outcome(engine: AsyncEngine, dedup_key: str) -> Outcome | None:
         ).first()
         if row is None:
             return None
-        texts = await conn.execute(
-            select(OutboxRow.text)
-            .where(OutboxRow.inbox_id == row.id, OutboxRow.kind == "text")
-            .order_by(OutboxRow.id)
-        )
-        return Outcome(row.status, row.last_error, [text or "" for (text,) in texts])
+        return Outcome(row.status, row.last_error, await outbox.reply_texts(conn, row.id))

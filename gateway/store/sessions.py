@@ -1,9 +1,15 @@
-"""Sessions for operators (the admin API and `gateway sessions …`): list, show, create, rename, delete.
+"""Sessions (`chatflow_sessions`, `chatflow_messages`): the one repository of the agents' SQL store and
+of the operators (the admin API and `gateway sessions …`).
 
-Read from the tables the agents' SQL store writes, without going through it: a listing is one
-query on the session rows (never their messages), newest `updated_at` first, paged by a keyset on
-(`updated_at`, `session_id`) that the table's index serves. A session's platform is its id's prefix
-before the first ':' (`telegram:42`, `whatsapp:…`, `cli:…`), None for an id without one.
+A turn writes only what changed, in one transaction: the session row, the pruned positions deleted,
+the new messages appended. Loading reads the session row and its kept window through the
+(session_id, position) index, so neither the number of sessions nor the turns pruned before make a
+turn slower. Both spellings (the SQLite file's and SQLAlchemy's) write the same rows in the same
+formats, so either reads what the other wrote.
+
+A listing is one query on the session rows (never their messages), newest `updated_at` first, paged
+by a keyset on (`updated_at`, `session_id`) that the table's index serves. A session's platform is
+its id's prefix before the first ':' (`telegram:42`, `whatsapp:…`, `cli:…`), None for an id without one.
 
 Deleting a session deletes its messages (ON DELETE CASCADE); a turn still running on it then fails
 with the session store's SessionDeletedError and writes nothing, because its save updates a row
@@ -14,20 +20,26 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import re
+import sqlite3
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, delete, func, insert, literal, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
+from gateway.domain.messages import utcnow
 from gateway.errors import GatewayError
-from gateway.store.engine import SQLITE_CASEFOLD, SQLITE_IMMEDIATE
-from gateway.store.tables import MessageRow, SessionRow, utcnow
+from gateway.store.database import Database
+from gateway.store.engine import SQLITE_CASEFOLD
+from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
+from gateway.store.tables import MessageRow, SessionRow
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
@@ -248,7 +260,7 @@ def _typed(column: Any, value: Any) -> Any:
 
 
 async def list_sessions(
-    engine: AsyncEngine,
+    db: Database,
     *,
     limit: int = DEFAULT_PAGE_SIZE,
     after: Cursor | None = None,
@@ -258,8 +270,8 @@ async def list_sessions(
     """One page, newest `updated_at` first; `after` is the previous page's `next_cursor`."""
     if not 1 <= limit <= MAX_PAGE_SIZE:
         raise ValueError(f"limit must be 1-{MAX_PAGE_SIZE}")
-    statement = _listing(engine.dialect.name, limit, after, platform, query)
-    async with engine.connect() as conn:
+    statement = _listing(db.dialect, limit, after, platform, query)
+    async with db.connect() as conn:
         rows = (await conn.execute(statement)).all()
     sessions = [SessionSummary(*row) for row in rows[:limit]]
     more = len(rows) > limit
@@ -295,12 +307,12 @@ def _message(position: int, role: str, data: Any, created_at: datetime) -> Store
     )
 
 
-async def get_session(engine: AsyncEngine, session_id: str) -> SessionDetail | None:
+async def get_session(db: Database, session_id: str) -> SessionDetail | None:
     """The session with its metadata and kept messages in order, read from one snapshot."""
     if not is_valid_session_id(session_id):
         return None
-    async with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
+    async with db.connect() as conn:
+        if db.dialect == "postgresql":
             # Both reads see the same commit, so message_count and the messages agree.
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
         row = (
@@ -321,7 +333,7 @@ async def get_session(engine: AsyncEngine, session_id: str) -> SessionDetail | N
 
 
 async def create_session(
-    engine: AsyncEngine,
+    db: Database,
     session_id: str | None = None,
     title: str | None = None,
     agent_name: str | None = None,
@@ -342,18 +354,18 @@ async def create_session(
         "message_count": 0,
     }
     try:
-        async with engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+        async with db.begin() as conn:
             await conn.execute(insert(SessionRow).values(**values))
     except IntegrityError:
         raise SessionExistsError(session_id) from None
     return SessionSummary(session_id, title, agent_name, now, now, 0)
 
 
-async def rename_session(engine: AsyncEngine, session_id: str, title: str) -> SessionSummary | None:
+async def rename_session(db: Database, session_id: str, title: str) -> SessionSummary | None:
     """Set the title (validated with clean_title) and move `updated_at` forward; None if unknown."""
     if not is_valid_session_id(session_id):
         return None
-    async with engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+    async with db.begin() as conn:
         current = (
             await conn.execute(
                 select(SessionRow.updated_at).where(SessionRow.session_id == session_id).with_for_update()
@@ -374,10 +386,247 @@ async def rename_session(engine: AsyncEngine, session_id: str, title: str) -> Se
     return SessionSummary(*row)
 
 
-async def delete_session(engine: AsyncEngine, session_id: str) -> bool:
+async def delete_session(db: Database, session_id: str) -> bool:
     """Delete the session and its messages; False when there was none."""
     if not is_valid_session_id(session_id):
         return False
-    async with engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin() as conn:
+    async with db.begin() as conn:
         result = await conn.execute(delete(SessionRow).where(SessionRow.session_id == session_id))
     return bool(result.rowcount)
+
+
+# --- the agents' store: a session's kept window, and a turn's writes -------------------------------
+@dataclass(frozen=True)
+class LoadedSession:
+    agent_name: str | None
+    title: str | None
+    metadata: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    messages: list[tuple[int, dict[str, Any]]] | None  # None: unchanged since `known_version`
+
+
+@dataclass(frozen=True)
+class SessionFields:
+    """What a turn writes to the session row."""
+
+    active_agent_name: str
+    title: str | None
+    metadata: dict[str, Any]
+    updated_at: datetime
+    message_count: int
+
+
+@dataclass(frozen=True)
+class MessageFields:
+    position: int
+    role: str
+    message: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class TurnWrite:
+    """A turn's changes to one session: its row (inserted when `created_at` is given, else updated),
+    the positions pruned, the messages appended."""
+
+    session_id: str
+    created_at: datetime | None
+    fields: SessionFields
+    pruned: list[int]
+    rows: list[MessageFields]
+
+
+_LOAD_SESSION = (
+    "SELECT active_agent_name, title, metadata_json, created_at, updated_at "
+    "FROM chatflow_sessions WHERE session_id = ?"
+)
+_LOAD_MESSAGES = "SELECT position, message_json FROM chatflow_messages WHERE session_id = ? ORDER BY position"
+_INSERT_SESSION = (
+    "INSERT INTO chatflow_sessions (active_agent_name, title, metadata_json, updated_at, message_count, "
+    "session_id, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+# A title, once stored, changes only by a rename (the admin API): a turn only fills in a missing one,
+# so a rename made while the turn ran is kept.
+_UPDATE_SESSION = (
+    "UPDATE chatflow_sessions SET active_agent_name = ?, title = COALESCE(title, ?), metadata_json = ?, "
+    "updated_at = ?, message_count = ? WHERE session_id = ?"
+)
+ROWS_PER_STATEMENT = 64  # rows (or positions) per multi-row statement; far below SQLite's limits
+
+
+@functools.cache
+def _delete_messages_sql(count: int) -> str:
+    marks = ", ".join("?" * count)
+    return f"DELETE FROM chatflow_messages WHERE session_id = ? AND position IN ({marks})"
+
+
+@functools.cache
+def _insert_messages_sql(count: int) -> str:
+    rows = ", ".join(["(?, ?, ?, ?, ?)"] * count)
+    return (
+        f"INSERT INTO chatflow_messages (session_id, position, role, message_json, created_at) VALUES {rows}"
+    )
+
+
+def _chunks(values: list[Any]) -> list[list[Any]]:
+    """Multi-row statements instead of one per row: each statement releases and re-takes the GIL."""
+    return [values[i : i + ROWS_PER_STATEMENT] for i in range(0, len(values), ROWS_PER_STATEMENT)]
+
+
+async def load(db: Database, session_id: str, known_version: datetime | None = None) -> LoadedSession | None:
+    """The session row, and its kept messages unless the row's updated_at equals `known_version`."""
+    known = None if known_version is None else to_sqlite_datetime(known_version)
+
+    def on_file(conn: sqlite3.Connection) -> LoadedSession | None:
+        row = conn.execute(_LOAD_SESSION, (session_id,)).fetchone()
+        if row is None:
+            return None
+        agent, title, metadata, created, updated = row
+        messages = None
+        if updated != known:
+            rows = conn.execute(_LOAD_MESSAGES, (session_id,)).fetchall()
+            messages = [(position, json.loads(data)) for position, data in rows]
+        return LoadedSession(
+            agent,
+            title,
+            json.loads(metadata),
+            from_sqlite_datetime(created),
+            from_sqlite_datetime(updated),
+            messages,
+        )
+
+    async def on_engine(conn: AsyncConnection) -> LoadedSession | None:
+        row = (
+            await conn.execute(
+                select(
+                    SessionRow.active_agent_name,
+                    SessionRow.title,
+                    SessionRow.metadata_json,
+                    SessionRow.created_at,
+                    SessionRow.updated_at,
+                ).where(SessionRow.session_id == session_id)
+            )
+        ).one_or_none()
+        if row is None:
+            return None
+        agent, title, metadata, created, updated = row
+        if updated == known_version:
+            return LoadedSession(agent, title, metadata, created, updated, None)
+        messages = await conn.execute(
+            select(MessageRow.position, MessageRow.message_json)
+            .where(MessageRow.session_id == session_id)
+            .order_by(MessageRow.position)
+        )
+        return LoadedSession(agent, title, metadata, created, updated, [(p, m) for p, m in messages])
+
+    return await db.read(on_file, on_engine)
+
+
+def save_on_file(turn: TurnWrite) -> Callable[[sqlite3.Connection], bool]:
+    """The turn's session writes; False (nothing written) when the session row to update is gone.
+
+    Parameters are built here, on the event loop, so the writer thread only runs statements: few of
+    them, since each releases and re-takes the GIL (multi-row inserts and deletes).
+    """
+    fields, session_id = turn.fields, turn.session_id
+    session_values = (
+        fields.active_agent_name,
+        fields.title,
+        json.dumps(fields.metadata),
+        to_sqlite_datetime(fields.updated_at),
+        fields.message_count,
+        session_id,
+    )
+    session_row = (
+        (_INSERT_SESSION, (*session_values, to_sqlite_datetime(turn.created_at)))
+        if turn.created_at is not None
+        else (_UPDATE_SESSION, session_values)
+    )
+    statements = [
+        (_delete_messages_sql(len(positions)), (session_id, *positions)) for positions in _chunks(turn.pruned)
+    ]
+    message_values = [
+        (session_id, r.position, r.role, json.dumps(r.message), to_sqlite_datetime(r.created_at))
+        for r in turn.rows
+    ]
+    statements += [
+        (_insert_messages_sql(len(chunk)), tuple(v for row in chunk for v in row))
+        for chunk in _chunks(message_values)
+    ]
+
+    def write(conn: sqlite3.Connection) -> bool:
+        if conn.execute(*session_row).rowcount == 0:
+            return False  # the session was deleted meanwhile; nothing was written
+        for statement, params in statements:
+            conn.execute(statement, params)
+        return True
+
+    return write
+
+
+async def save_on_engine(conn: AsyncConnection, turn: TurnWrite) -> bool:
+    """The same writes in SQLAlchemy; False (nothing written) when the session row to update is gone."""
+    fields, session_id = turn.fields, turn.session_id
+    values: dict[str, Any] = {
+        "active_agent_name": fields.active_agent_name,
+        "title": fields.title,
+        "metadata_json": fields.metadata,
+        "updated_at": fields.updated_at,
+        "message_count": fields.message_count,
+    }
+    if turn.created_at is not None:
+        await conn.execute(
+            insert(SessionRow).values(session_id=session_id, created_at=turn.created_at, **values)
+        )
+    else:
+        # Also takes the row lock, so a concurrent delete waits for this commit or wins before it.
+        # As _UPDATE_SESSION: a stored title is kept (a rename during the turn wins).
+        values["title"] = func.coalesce(SessionRow.title, fields.title)
+        result = await conn.execute(
+            update(SessionRow).where(SessionRow.session_id == session_id).values(**values)
+        )
+        if result.rowcount == 0:
+            return False
+    if turn.pruned:
+        await conn.execute(
+            delete(MessageRow).where(
+                MessageRow.session_id == session_id, MessageRow.position.in_(turn.pruned)
+            )
+        )
+    if turn.rows:
+        await conn.execute(
+            insert(MessageRow),
+            [
+                {
+                    "session_id": session_id,
+                    "position": r.position,
+                    "role": r.role,
+                    "message_json": r.message,
+                    "created_at": r.created_at,
+                }
+                for r in turn.rows
+            ],
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class SessionListing:
+    """A session as the agents' store lists it: the summary and its metadata."""
+
+    session: SessionSummary
+    metadata: dict[str, Any]
+
+
+async def recent(db: Database, limit: int, offset: int) -> list[SessionListing]:
+    """Newest `updated_at` first, by offset (the agents' store's `list_sessions`)."""
+    query = (
+        select(*_SUMMARY_COLUMNS, SessionRow.metadata_json)
+        .order_by(SessionRow.updated_at.desc(), SessionRow.session_id.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    async with db.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    return [SessionListing(SessionSummary(*row[:6]), row.metadata_json) for row in rows]

@@ -1,30 +1,57 @@
-"""What a worker's turn commits besides the session: its inbox row done, and the replies to deliver."""
+"""A turn's unit of work: the session's changes, its inbox row done and its replies, in one transaction.
+
+The worker's turn must leave all three or none: a crash before the commit leaves the inbox row to be
+claimed again; a lost lease (another worker took the row) or a deleted session writes nothing.
+"""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass, field
-from typing import Any
 
-from gateway.errors import GatewayError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
+from gateway.domain.outbound import OutboundMessage
+from gateway.store import inbox, outbox, sessions
+from gateway.store.database import Database
+from gateway.store.inbox import LeaseLostError
 
-class LeaseLostError(GatewayError):
-    """The inbox row is no longer ours (its lease expired and another worker took it); nothing was written."""
-
-
-@dataclass(frozen=True)
-class OutboxEntry:
-    platform: str
-    session_id: str
-    kind: str  # "text" or "answer_callback"
-    text: str | None
-    target: dict[str, Any] = field(default_factory=dict)
+__all__ = ["LeaseLostError", "TurnCompletion", "commit"]
 
 
 @dataclass(frozen=True)
-class InboxCompletion:
-    """Marks inbox row `inbox_id` done, if `lease_owner` still holds it, and queues `outbox`."""
+class TurnCompletion:
+    """Marks inbox row `inbox_id` done, if `lease_owner` still holds it, and queues `outbound`."""
 
     inbox_id: int
     lease_owner: str
-    outbox: list[OutboxEntry] = field(default_factory=list)
+    outbound: list[OutboundMessage] = field(default_factory=list)
+
+
+async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnCompletion | None = None) -> bool:
+    """Write the turn; False when its session was deleted meanwhile, LeaseLostError when the inbox row
+    is no longer ours (nothing written either way)."""
+    now = turn.fields.updated_at
+    save_file = sessions.save_on_file(turn)
+    replies_file = (
+        None if completion is None else outbox.insert_on_file(completion.inbox_id, completion.outbound, now)
+    )
+
+    def on_file(conn: sqlite3.Connection) -> bool:
+        if not save_file(conn):
+            return False
+        if completion is not None and replies_file is not None:
+            inbox.complete_on_file(conn, completion.inbox_id, completion.lease_owner, now)
+            replies_file(conn)
+        return True
+
+    async def on_engine(conn: AsyncConnection) -> bool:
+        if not await sessions.save_on_engine(conn, turn):
+            await conn.rollback()
+            return False
+        if completion is not None:
+            await inbox.complete_on_engine(conn, completion.inbox_id, completion.lease_owner, now)
+            await outbox.insert_on_engine(conn, completion.inbox_id, completion.outbound, now)
+        return True
+
+    return await db.write(on_file, on_engine)

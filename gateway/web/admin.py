@@ -20,13 +20,12 @@ from typing import Any
 from urllib.parse import quote
 
 import structlog
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.store import inbox, sessions
+from gateway.store.database import UNAVAILABLE_ERRORS, Database
 from gateway.store.sessions import Cursor, SessionExistsError, SessionSummary
 from gateway.web import openapi
 from gateway.web.bodies import read_limited
@@ -89,7 +88,7 @@ def _invalid(detail: str) -> _Rejected:
     return _Rejected(422, "invalid_request", detail)
 
 
-Handler = Callable[[Request, Admin, AsyncEngine], Awaitable[Response]]
+Handler = Callable[[Request, Admin, Database], Awaitable[Response]]
 
 
 def _admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -103,10 +102,10 @@ def _admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
             return refused
         rid = request_id_of(request)
         try:
-            return await handler(request, admin, request.state.engine)
+            return await handler(request, admin, request.state.database)
         except _Rejected as exc:
             return error_response(exc.http_status, exc.error, rid, detail=exc.detail, **exc.extra)
-        except (OperationalError, InterfaceError, OSError, TimeoutError) as exc:
+        except UNAVAILABLE_ERRORS as exc:
             log.warning("admin_database_unavailable", error=type(exc).__name__)
             return error_response(
                 503, "database_unavailable", rid, detail="the database did not answer; try again"
@@ -194,9 +193,9 @@ def _no_session() -> _Rejected:
 
 # --- routes ----------------------------------------------------------------------------------------
 @_admin
-async def sessions_collection(request: Request, admin: Admin, engine: AsyncEngine) -> Response:
+async def sessions_collection(request: Request, admin: Admin, database: Database) -> Response:
     if request.method == "POST":
-        return await _create(request, admin, engine)
+        return await _create(request, admin, database)
     limit = _limit(request)
     cursor = _param(request, "cursor")
     after = None
@@ -211,7 +210,7 @@ async def sessions_collection(request: Request, admin: Admin, engine: AsyncEngin
     query = _param(request, "q")
     if query is not None and not sessions.is_valid_query(query):
         raise _invalid(f"q must be at most {sessions.MAX_QUERY_LENGTH} characters, none of them control")
-    page = await sessions.list_sessions(engine, limit=limit, after=after, platform=platform, query=query)
+    page = await sessions.list_sessions(database, limit=limit, after=after, platform=platform, query=query)
     return JSONResponse(
         {
             "sessions": [_session_item(s) for s in page.sessions],
@@ -220,7 +219,7 @@ async def sessions_collection(request: Request, admin: Admin, engine: AsyncEngin
     )
 
 
-async def _create(request: Request, admin: Admin, engine: AsyncEngine) -> Response:
+async def _create(request: Request, admin: Admin, database: Database) -> Response:
     data = await _json_object(request, admin, {"session_id", "title"})
     session_id = data.get("session_id")
     if "session_id" in data and not (
@@ -232,7 +231,7 @@ async def _create(request: Request, admin: Admin, engine: AsyncEngine) -> Respon
         )
     title = _title(data) if "title" in data else None
     try:
-        created = await sessions.create_session(engine, session_id, title, admin.starting_agent)
+        created = await sessions.create_session(database, session_id, title, admin.starting_agent)
     except SessionExistsError:
         raise _Rejected(409, "session_exists", "a session with that id already exists") from None
     log.info("session_created", session_id=created.session_id)
@@ -241,22 +240,22 @@ async def _create(request: Request, admin: Admin, engine: AsyncEngine) -> Respon
 
 
 @_admin
-async def session_resource(request: Request, admin: Admin, engine: AsyncEngine) -> Response:
+async def session_resource(request: Request, admin: Admin, database: Database) -> Response:
     session_id: str = request.path_params["session_id"]
     if request.method == "PUT":
         data = await _json_object(request, admin, {"title"})
         if "title" not in data:
             raise _invalid("title is required")
-        renamed = await sessions.rename_session(engine, session_id, _title(data))
+        renamed = await sessions.rename_session(database, session_id, _title(data))
         if renamed is None:
             raise _no_session()
         log.info("session_renamed", session_id=session_id)
         return JSONResponse(_session_item(renamed))
     if request.method == "DELETE":
-        if await sessions.delete_session(engine, session_id):
+        if await sessions.delete_session(database, session_id):
             log.info("session_deleted", session_id=session_id)
         return Response(status_code=204)
-    detail = await sessions.get_session(engine, session_id)
+    detail = await sessions.get_session(database, session_id)
     if detail is None:
         raise _no_session()
     item = _session_item(detail.session)
@@ -276,23 +275,23 @@ async def session_resource(request: Request, admin: Admin, engine: AsyncEngine) 
 
 
 @_admin
-async def inbox_collection(request: Request, admin: Admin, engine: AsyncEngine) -> Response:
+async def inbox_collection(request: Request, admin: Admin, database: Database) -> Response:
     status = _param(request, "status")
     if status is not None and status not in inbox.STATUSES:
         raise _invalid(f"status must be one of {', '.join(inbox.STATUSES)}")
-    items = await inbox.list_items(engine, status, _limit(request))
+    items = await inbox.list_items(database, status, _limit(request))
     return JSONResponse({"items": [_inbox_item(item) for item in items]})
 
 
 @_admin
-async def inbox_retry(request: Request, admin: Admin, engine: AsyncEngine) -> Response:
+async def inbox_retry(request: Request, admin: Admin, database: Database) -> Response:
     raw: str = request.path_params["inbox_id"]
     inbox_id = int(raw) if _DIGITS.fullmatch(raw) else 0
     if not 1 <= inbox_id <= inbox.MAX_ID:
         raise _Rejected(404, "not_found", "no inbox row with that id")
-    requeued = await inbox.requeue(engine, inbox_id)
+    requeued = await inbox.requeue(database, inbox_id)
     if requeued is None:
-        current = await inbox.get_item(engine, inbox_id)
+        current = await inbox.get_item(database, inbox_id)
         if current is None:
             raise _Rejected(404, "not_found", "no inbox row with that id")
         detail = f"only a dead row can be retried; this one is {current.status}"
@@ -303,7 +302,7 @@ async def inbox_retry(request: Request, admin: Admin, engine: AsyncEngine) -> Re
 
 
 @_admin
-async def openapi_document(request: Request, admin: Admin, engine: AsyncEngine) -> Response:
+async def openapi_document(request: Request, admin: Admin, database: Database) -> Response:
     return JSONResponse(openapi.document())
 
 

@@ -23,7 +23,7 @@ async def readyz(request: Request) -> JSONResponse:
     head: str = request.state.schema_head
     try:
         async with asyncio.timeout(READY_TIMEOUT_SECONDS):
-            revision = await migrations.current(request.state.engine)
+            revision = await migrations.current(request.state.database)
     except TimeoutError:
         return _unready(f"database did not answer within {READY_TIMEOUT_SECONDS:g}s")
     except DatabaseUnavailableError as exc:

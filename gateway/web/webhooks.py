@@ -24,13 +24,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
+from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, starts_turn
 from gateway.domain.text import without_lone_surrogates
 from gateway.logs import will_log
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.local_key import is_loopback
 from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS
-from gateway.store.ingest import ChatState, DeliveryStatus, InboxEntry, IngestItem, IngestWriter
+from gateway.store.ingest import Ingest
 from gateway.web.bodies import read_limited
 from gateway.web.errors import error_response, request_id_of
 
@@ -43,7 +43,7 @@ class Webhooks:
     """What the webhook routes need, built by the app's lifespan."""
 
     adapters: dict[str, PlatformAdapter]
-    writer: IngestWriter
+    ingest: Ingest
     max_body_bytes: int
     whatsapp_verify_token: str | None
     local_adapters: dict[str, PlatformAdapter] = field(default_factory=dict)
@@ -106,17 +106,15 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
     if parsed.empty:
         log.info("webhook_ignored", platform=platform)
         return _IGNORED
-    items = _ingest_items(platform, parsed, webhooks.turn_kinds)
+    turns = [starts_turn(message, webhooks.turn_kinds) for message in parsed.messages]
     try:
-        new = await webhooks.writer.write(items)
-    except Exception:
-        log.exception("webhook_store_failed", platform=platform, items=len(items))
+        new = await webhooks.ingest.write(parsed, turns)
+    except Exception as exc:  # its text may hold the values of the update: the type only
+        items = len(parsed.messages) + len(parsed.statuses) + len(parsed.memberships)
+        log.error("webhook_store_failed", platform=platform, items=items, error=type(exc).__name__)
         return error_response(503, "unavailable", rid, detail="could not store the update; retry later")
     accepted = sum(new)
-    if any(
-        is_new and item.inbox and item.inbox.status == "pending"
-        for item, is_new in zip(items, new, strict=True)
-    ):
+    if any(is_new and turn for is_new, turn in zip(new, turns, strict=False)):
         webhooks.on_pending()
     if will_log(_logger, logging.INFO):  # skips building an event nobody sees, thousands of times a second
         log.info(
@@ -125,9 +123,9 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
             messages=len(parsed.messages),
             statuses=len(parsed.statuses),
             new=accepted,
-            duplicates=len(items) - accepted,
+            duplicates=len(new) - accepted,
         )
-    return b'{"status":"accepted","new":%d,"duplicates":%d}' % (accepted, len(items) - accepted)
+    return b'{"status":"accepted","new":%d,"duplicates":%d}' % (accepted, len(new) - accepted)
 
 
 _IGNORED = b'{"status":"ignored"}'
@@ -175,44 +173,3 @@ def _not_enabled(platform: str, rid: str | None) -> Response:
         return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
     detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
     return error_response(404, "platform_disabled", rid, detail=detail)
-
-
-def _ingest_items(
-    platform: str, parsed: ParsedUpdate, turn_kinds: frozenset[MessageKind]
-) -> list[IngestItem]:
-    items = []
-    for message in parsed.messages:
-        data: dict[str, Any] = message.to_dict()
-        entry = InboxEntry(
-            platform=platform,
-            session_id=message.session_id,
-            message_id=message.message_id,
-            kind=message.kind.value,
-            text=agent_text(message),
-            message=data,
-            status="pending" if starts_turn(message, turn_kinds) else "recorded",
-        )
-        items.append(IngestItem(message.dedup_key, platform, entry))
-    # Statuses move the matching outbox row on; membership changes say whether the chat can be sent to.
-    items.extend(
-        IngestItem(
-            status.dedup_key,
-            platform,
-            delivery=DeliveryStatus(
-                status.message_id,
-                status.status,
-                None if status.error_code is None else str(status.error_code),
-                status.error_title,
-            ),
-        )
-        for status in parsed.statuses
-    )
-    items.extend(
-        IngestItem(
-            change.dedup_key,
-            platform,
-            chat=ChatState(change.chat_id, change.reachable, change.status, change.timestamp),
-        )
-        for change in parsed.memberships
-    )
-    return items

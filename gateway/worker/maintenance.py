@@ -6,16 +6,16 @@ import asyncio
 from collections.abc import Callable
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store import dedup
+from gateway.store.database import Database
 
 log = structlog.get_logger(__name__)
 PURGE_INTERVAL_SECONDS = 3600
 
 
 async def purge_dedup_keys_periodically(
-    engine: AsyncEngine,
+    database: Database,
     interval: float = PURGE_INTERVAL_SECONDS,
     on_purged: Callable[[int], None] | None = None,
 ) -> None:
@@ -25,7 +25,7 @@ async def purge_dedup_keys_periodically(
     """
     while True:
         try:
-            purged = await dedup.purge_expired(engine)
+            purged = await dedup.purge_expired(database)
         except Exception as exc:
             log.warning("dedup_purge_failed", error=type(exc).__name__)
         else:
@@ -34,12 +34,3 @@ async def purge_dedup_keys_periodically(
             if on_purged is not None:
                 on_purged(purged)
         await asyncio.sleep(interval)
-
-
-async def wait_for_wake(wake: asyncio.Event, poll_seconds: float) -> None:
-    """Sleep until `wake` is set or `poll_seconds` pass: new work here, or time to poll for others'."""
-    try:
-        async with asyncio.timeout(poll_seconds):
-            await wake.wait()
-    except TimeoutError:
-        pass

@@ -2,14 +2,14 @@
 
 The platform's message id is stored in the same statement that marks the row sent, so a row is sent at
 most once after the platform accepted it (the only window is a crash between the two; on an SQLite
-file that statement commits with the other writes queued at the same moment, see store/queue.py).
+file that statement commits with the other writes queued at the same moment, see store/database.py).
 Transient failures back off (honouring the platform's retry-after); permanent ones are recorded with
 the platform's code. A platform without a sending token is dry-run: the row is marked `dry_run` and
 its text logged, so the whole path can be watched offline.
 
-Up to `concurrency` rows are in flight at once: rows are claimed as slots free up, several per claim,
-and each is recorded as soon as its platform answered. A conversation's next row becomes claimable
-only once the row before it is recorded, so replies leave in order.
+Up to `concurrency` rows are in flight at once (worker/claim_loop.py), each recorded as soon as its
+platform answered. A conversation's next row becomes claimable only once the row before it is
+recorded, so replies leave in order.
 """
 
 from __future__ import annotations
@@ -19,17 +19,19 @@ import os
 import random
 import socket
 import uuid
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.domain.messages import utcnow
+from gateway.domain.outbound import OutboundKind, ReplyTarget, TelegramTarget, WhatsAppTarget
 from gateway.platforms.base import DeliveryError, Sender
-from gateway.store import queue
-from gateway.store.tables import OutboxRow
-from gateway.worker.maintenance import wait_for_wake
+from gateway.store import outbox
+from gateway.store.database import Database
+from gateway.store.outbox import ClaimedReply
+from gateway.worker.claim_loop import ClaimLoop
 from gateway.worker.pacing import Pacer, PacingLimits
 
 log = structlog.get_logger(__name__)
@@ -38,90 +40,58 @@ DEFAULT_CONCURRENCY = 16  # sends in flight at once
 LEASE_SECONDS = 60
 MAX_ATTEMPTS = 8
 BACKOFF_CAP_SECONDS = 600
-IDLE_POLL_SECONDS = 0.5
-_COLUMNS = [
-    OutboxRow.platform,
-    OutboxRow.session_id,
-    OutboxRow.kind,
-    OutboxRow.text,
-    OutboxRow.target_json,
-    OutboxRow.attempts,
-]
-
-
-@dataclass(frozen=True)
-class ClaimedReply:
-    id: int
-    platform: str
-    session_id: str
-    kind: str
-    text: str | None
-    target: dict[str, Any]
-    attempts: int
-    reachable: bool = True  # False once the platform said the bot was removed from (or blocked in) the chat
+# Each platform's ReplyTarget type, to read stored targets back with.
+TARGET_TYPES: Mapping[str, type[ReplyTarget]] = {"telegram": TelegramTarget, "whatsapp": WhatsAppTarget}
 
 
 class OutboxDelivery:
     def __init__(
         self,
-        engine: AsyncEngine,
+        database: Database,
         senders: dict[str, Sender],
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
         pacing: PacingLimits | None = None,
+        targets: Mapping[str, type[ReplyTarget]] = TARGET_TYPES,
     ) -> None:
         """`pacing`: the platforms' rate limits to stay under (None: send as fast as claimed)."""
-        self.engine = engine
+        self.database = database
         self.senders = senders
         self.pacing = pacing
+        self.targets = targets
         self._pacer = Pacer()
-        self.concurrency = concurrency
         self.max_attempts = max_attempts
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}:out"
-        self._wake = asyncio.Event()
-        self._claim_at = max(1, concurrency // 4)  # free slots worth a claim while others are busy
+        self.loop = ClaimLoop(
+            "delivery", lambda limit: self.claim(limit), lambda row: self.deliver(row), concurrency
+        )
         self._recording: set[asyncio.Task[bool]] = set()
         self._typing: set[asyncio.Task[None]] = set()
 
-    def wake(self) -> None:
-        self._wake.set()
+    @property
+    def concurrency(self) -> int:
+        return self.loop.concurrency
 
-    def indicate_typing(self, platform: str, target: dict[str, Any]) -> None:
+    def wake(self) -> None:
+        self.loop.wake()
+
+    def indicate_typing(self, platform: str, target: ReplyTarget) -> None:
         """Start the platform's typing indicator for `target` in the background, where replies are
         sent for real. Best effort and unpaced: it never delays a turn, and the sender logs failures."""
         sender = self.senders.get(platform)
         if sender is None:
             return
-        task = asyncio.create_task(sender.indicate_typing(target), name=f"typing-{platform}")
+        task = asyncio.create_task(sender.indicate_typing(_legacy_target(target)), name=f"typing-{platform}")
         self._typing.add(task)
         task.add_done_callback(self._typing.discard)
 
     async def run(self) -> None:
         """Deliver until cancelled."""
-        running: set[asyncio.Task[None]] = set()
         try:
-            while True:
-                self._wake.clear()
-                free = self.concurrency - len(running)
-                if free < self._claim_at and running:
-                    # Let a few slots free up: one claim then takes several rows (a claim reads the
-                    # backlog, whatever its limit).
-                    await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
-                    continue
-                rows = await self._claim_safely(free)
-                for row in rows:
-                    task = asyncio.create_task(self.deliver(row), name=f"reply-{row.id}")
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                    task.add_done_callback(lambda _: self._wake.set())
-                if not rows:
-                    await wait_for_wake(self._wake, IDLE_POLL_SECONDS)
+            await self.loop.run()
         finally:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
             # What the platforms accepted is recorded before this returns (and the database closes).
             await asyncio.gather(*self._recording, return_exceptions=True)
             for typing in self._typing:
@@ -130,41 +100,21 @@ class OutboxDelivery:
 
     async def run_until_idle(self) -> int:
         """Deliver until no row is claimable; return how many were handled (for tests and one-shot use)."""
-        total = 0
-        while rows := await self.claim(self.concurrency):
-            await asyncio.gather(*(self.deliver(row) for row in rows))
-            total += len(rows)
-        return total
-
-    async def _claim_safely(self, limit: int) -> list[ClaimedReply]:
-        try:
-            return await self.claim(limit)
-        except Exception as exc:  # the database may be briefly away; try again at the next poll
-            log.warning("delivery_claim_failed", error=type(exc).__name__)
-            return []
+        return await self.loop.run_until_idle()
 
     async def claim(self, limit: int) -> list[ClaimedReply]:
-        lease = timedelta(seconds=LEASE_SECONDS)
-        claimed, unreachable = await queue.claim_with_chats(
-            self.engine, OutboxRow, _COLUMNS, self.owner, lease, limit
+        return await outbox.claim(
+            self.database, self.owner, timedelta(seconds=LEASE_SECONDS), limit, self.targets
         )
-        rows = [ClaimedReply(*row) for row in claimed]
-        if not unreachable:
-            return rows
-        return [
-            replace(row, reachable=False)
-            if (row.platform, str(row.target.get("chat_id"))) in unreachable
-            else row
-            for row in rows
-        ]
 
     async def deliver(self, row: ClaimedReply) -> None:
+        message = row.message
         if not row.reachable:
             log.warning(
                 "reply_skipped_unreachable",
                 outbox_id=row.id,
-                platform=row.platform,
-                session_id=row.session_id,
+                platform=message.platform,
+                session_id=message.session_id,
             )
             await self._finish(
                 row.id,
@@ -173,24 +123,24 @@ class OutboxDelivery:
                 error_message="the bot was removed or blocked",
             )
             return
-        sender = self.senders.get(row.platform)
+        sender = self.senders.get(message.platform)
         if sender is None:
             log.info(
                 "reply_dry_run",
                 outbox_id=row.id,
-                platform=row.platform,
-                session_id=row.session_id,
-                kind=row.kind,
-                text=row.text,
+                platform=message.platform,
+                session_id=message.session_id,
+                kind=message.kind.value,
+                text=message.text,
             )
             await self._finish(row.id, status="dry_run")
             return
-        if self.pacing is not None and row.kind == "text":
-            delay = self._pacer.reserve(self.pacing.limits(row.platform, row.target))
+        if self.pacing is not None and message.kind is OutboundKind.TEXT:
+            delay = self._pacer.reserve(self.pacing.limits(message.platform, _legacy_target(message.target)))
             if delay > 0:
                 await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
         try:
-            message_id = await sender.send(row.kind, row.text, row.target)
+            message_id = await sender.send(message.kind.value, message.text, _legacy_target(message.target))
         except DeliveryError as exc:
             await self._failed(row.id, row.attempts + 1, exc)
             return
@@ -201,14 +151,17 @@ class OutboxDelivery:
             return
         await self._finish(row.id, status="sent", platform_message_id=message_id)
         log.info(
-            "reply_sent", outbox_id=row.id, platform=row.platform, session_id=row.session_id, kind=row.kind
+            "reply_sent",
+            outbox_id=row.id,
+            platform=message.platform,
+            session_id=message.session_id,
+            kind=message.kind.value,
         )
 
     async def _finish(self, row_id: int, **values: Any) -> None:
-        values.update(lease_owner=None, lease_until=None, updated_at=datetime.now(UTC))
         # A task of its own, shielded: a send the platform accepted is recorded even when shutdown
         # cancels the delivery, which waits for it (see run).
-        recording = asyncio.ensure_future(queue.update_row(self.engine, OutboxRow, row_id, values))
+        recording = asyncio.ensure_future(outbox.finish(self.database, row_id, **values))
         self._recording.add(recording)
         recording.add_done_callback(self._recording.discard)
         await asyncio.shield(recording)
@@ -220,7 +173,7 @@ class OutboxDelivery:
             "attempts": attempts,
             "error_code": exc.code,
             "error_message": str(exc)[:1000],
-            "next_attempt_at": datetime.now(UTC) + timedelta(seconds=delay),
+            "next_attempt_at": utcnow() + timedelta(seconds=delay),
         }
         if final:
             values["status"] = "failed"
@@ -231,3 +184,11 @@ class OutboxDelivery:
             log.warning(
                 "reply_retry", outbox_id=row_id, code=exc.code, attempts=attempts, retry_in_s=round(delay, 1)
             )
+
+
+def _legacy_target(target: ReplyTarget) -> dict[str, Any]:
+    """The target as the senders read it until they take typed targets (the platform-spec change)."""
+    data = target.to_json()
+    if isinstance(target, TelegramTarget) and target.callback_query_id is not None:
+        data["id"] = target.callback_query_id
+    return data

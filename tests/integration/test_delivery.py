@@ -19,6 +19,7 @@ from gateway.platforms.telegram_api import TelegramAPI, TelegramSender
 from gateway.platforms.whatsapp_api import WhatsAppSender
 from gateway.settings import Settings
 from gateway.store import migrations
+from gateway.store.database import Database
 from gateway.store.engine import create_engine
 from gateway.store.tables import OutboxRow
 from gateway.worker.outbound import OutboxDelivery
@@ -30,12 +31,14 @@ PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 
 
 @pytest.fixture
-async def migrated(engine: AsyncEngine) -> AsyncEngine:
-    await migrations.upgrade(engine)
-    return engine
+async def migrated(database: Database) -> Database:
+    await migrations.upgrade(database)
+    return database
 
 
-async def add_outbox(engine: AsyncEngine, platform: str, target: dict[str, Any], text: str = "hi") -> None:
+async def add_outbox(
+    engine: AsyncEngine | Database, platform: str, target: dict[str, Any], text: str = "hi"
+) -> None:
     now = datetime.now(UTC)
     async with engine.begin() as conn:
         await conn.execute(
@@ -54,7 +57,7 @@ async def add_outbox(engine: AsyncEngine, platform: str, target: dict[str, Any],
         )
 
 
-async def outbox(engine: AsyncEngine) -> list[Any]:
+async def outbox(engine: AsyncEngine | Database) -> list[Any]:
     async with engine.connect() as conn:
         query = select(
             OutboxRow.status, OutboxRow.platform_message_id, OutboxRow.error_code, OutboxRow.attempts
@@ -62,7 +65,7 @@ async def outbox(engine: AsyncEngine) -> list[Any]:
         return list(await conn.execute(query.order_by(OutboxRow.id)))
 
 
-async def test_telegram_send_retry_and_permanent_failure(migrated: AsyncEngine) -> None:
+async def test_telegram_send_retry_and_permanent_failure(migrated: Database) -> None:
     fake = FakeTelegram(TOKEN)
     fake.results["sendMessage"] = {"message_id": 77}
     with serve_in_thread(fake.app) as base:
@@ -94,7 +97,7 @@ async def test_telegram_send_retry_and_permanent_failure(migrated: AsyncEngine) 
     assert sent[0] == {"chat_id": "42", "text": "hi", "message_thread_id": 7}
 
 
-async def test_whatsapp_sends_to_the_phone_or_the_business_scoped_id(migrated: AsyncEngine) -> None:
+async def test_whatsapp_sends_to_the_phone_or_the_business_scoped_id(migrated: Database) -> None:
     fake = FakeWhatsApp()
     with serve_in_thread(fake.app) as base:
         async with httpx.AsyncClient() as http:
@@ -116,7 +119,7 @@ async def test_whatsapp_sends_to_the_phone_or_the_business_scoped_id(migrated: A
     assert rows[1][:2] == ("sent", "wamid.out2")
 
 
-async def test_without_a_token_replies_are_dry_run(migrated: AsyncEngine) -> None:
+async def test_without_a_token_replies_are_dry_run(migrated: Database) -> None:
     await add_outbox(migrated, "whatsapp", {"scope": "1065", "phone": "1"})
     assert await OutboxDelivery(migrated, {}).run_until_idle() == 1
     assert (await outbox(migrated))[0][0] == "dry_run"
@@ -238,11 +241,11 @@ def test_a_bot_kicked_from_a_chat_sends_nothing_there_until_it_is_back(database_
         await engine.dispose()
 
     async def deliver_one() -> str:
-        engine = create_engine(database_url)
-        await add_outbox(engine, "telegram", {"chat_id": chat_id})
-        await OutboxDelivery(engine, {}).run_until_idle()  # dry-run unless unreachable
-        status = (await outbox(engine))[-1][0]
-        await engine.dispose()
+        database = Database.open(database_url)
+        await add_outbox(database, "telegram", {"chat_id": chat_id})
+        await OutboxDelivery(database, {}).run_until_idle()  # dry-run unless unreachable
+        status = (await outbox(database))[-1][0]
+        await database.aclose()
         return str(status)
 
     asyncio.run(prepare())
@@ -255,7 +258,7 @@ def test_a_bot_kicked_from_a_chat_sends_nothing_there_until_it_is_back(database_
         assert asyncio.run(deliver_one()) == "dry_run"
 
 
-async def test_telegram_replies_quote_the_message_in_groups_only(migrated: AsyncEngine) -> None:
+async def test_telegram_replies_quote_the_message_in_groups_only(migrated: Database) -> None:
     fake = FakeTelegram(TOKEN)
     with serve_in_thread(fake.app) as base:
         async with httpx.AsyncClient() as http:
@@ -291,7 +294,7 @@ class RecordingSender:
 
 
 async def test_the_delivery_loop_sends_every_row_once_in_order_per_conversation(
-    migrated: AsyncEngine,
+    migrated: Database,
 ) -> None:
     from gateway.agents import SQLSessionStore
     from gateway.store.tables import ChatRow

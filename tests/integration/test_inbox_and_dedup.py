@@ -11,11 +11,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.cli import main
 from gateway.store import dedup, inbox, migrations
+from gateway.store.database import Database
 from gateway.store.tables import InboxRow, ProcessedMessageRow
 from gateway.worker.maintenance import purge_dedup_keys_periodically
 
 
-async def add_keys(engine: AsyncEngine, expired: int, fresh: int) -> None:
+async def add_keys(engine: AsyncEngine | Database, expired: int, fresh: int) -> None:
     now = datetime.now(UTC)
     rows = [
         {
@@ -38,39 +39,39 @@ async def add_keys(engine: AsyncEngine, expired: int, fresh: int) -> None:
         await conn.execute(insert(ProcessedMessageRow), rows)
 
 
-async def key_count(engine: AsyncEngine) -> int:
+async def key_count(engine: AsyncEngine | Database) -> int:
     async with engine.connect() as conn:
         return int((await conn.execute(select(func.count()).select_from(ProcessedMessageRow))).scalar_one())
 
 
-async def test_purge_deletes_only_expired_keys_in_batches(engine: AsyncEngine) -> None:
-    await migrations.upgrade(engine)
-    await add_keys(engine, expired=25, fresh=3)
-    assert await dedup.purge_expired(engine, batch_size=10) == 25
-    assert await key_count(engine) == 3
+async def test_purge_deletes_only_expired_keys_in_batches(database: Database) -> None:
+    await migrations.upgrade(database)
+    await add_keys(database, expired=25, fresh=3)
+    assert await dedup.purge_expired(database, batch_size=10) == 25
+    assert await key_count(database) == 3
 
 
-async def test_the_periodic_purge_runs_at_once_and_keeps_going(engine: AsyncEngine) -> None:
-    await migrations.upgrade(engine)
-    await add_keys(engine, expired=4, fresh=1)
+async def test_the_periodic_purge_runs_at_once_and_keeps_going(database: Database) -> None:
+    await migrations.upgrade(database)
+    await add_keys(database, expired=4, fresh=1)
     rounds: asyncio.Queue[int] = asyncio.Queue()
     task = asyncio.create_task(
-        purge_dedup_keys_periodically(engine, interval=0.01, on_purged=rounds.put_nowait)
+        purge_dedup_keys_periodically(database, interval=0.01, on_purged=rounds.put_nowait)
     )
     try:
         async with asyncio.timeout(30):
             assert await rounds.get() == 4
-            await add_keys(engine, expired=2, fresh=0)
+            await add_keys(database, expired=2, fresh=0)
             while (purged := await rounds.get()) == 0:
                 pass
         assert purged == 2
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    assert await key_count(engine) == 1
+    assert await key_count(database) == 1
 
 
-async def add_inbox(engine: AsyncEngine, status: str, key: str) -> int:
+async def add_inbox(engine: AsyncEngine | Database, status: str, key: str) -> int:
     now = datetime.now(UTC)
     async with engine.begin() as conn:
         result = await conn.execute(
@@ -94,16 +95,16 @@ async def add_inbox(engine: AsyncEngine, status: str, key: str) -> int:
         return int(result.scalar_one())
 
 
-async def test_retry_requeues_only_dead_rows(engine: AsyncEngine) -> None:
-    await migrations.upgrade(engine)
-    dead = await add_inbox(engine, "dead", "tg:1:1")
-    done = await add_inbox(engine, "done", "tg:1:2")
-    assert await inbox.retry(engine, done) is False
-    assert await inbox.retry(engine, 999) is False
-    assert await inbox.retry(engine, dead) is True
-    (item,) = await inbox.list_items(engine, "pending")
+async def test_retry_requeues_only_dead_rows(database: Database) -> None:
+    await migrations.upgrade(database)
+    dead = await add_inbox(database, "dead", "tg:1:1")
+    done = await add_inbox(database, "done", "tg:1:2")
+    assert await inbox.retry(database, done) is False
+    assert await inbox.retry(database, 999) is False
+    assert await inbox.retry(database, dead) is True
+    (item,) = await inbox.list_items(database, "pending")
     assert (item.id, item.attempts) == (dead, 0)
-    assert [i.id for i in await inbox.list_items(engine)] == [done, dead]  # newest first
+    assert [i.id for i in await inbox.list_items(database)] == [done, dead]  # newest first
 
 
 def test_cli_inbox_and_dedup(

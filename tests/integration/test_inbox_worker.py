@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ToolSpec
+from gateway.domain.outbound import ReplyTarget, TelegramTarget
 from gateway.store import migrations
+from gateway.store.database import Database
+from gateway.store.inbox import ClaimedMessage
 from gateway.store.tables import InboxRow, OutboxRow
-from gateway.worker import inbox
+from gateway.worker import claim_loop
 from gateway.worker.inbox import InboxWorker
 
 
@@ -41,16 +43,16 @@ class Echo:
 
 
 @pytest.fixture
-async def setup(engine: AsyncEngine) -> AsyncIterator[tuple[AsyncEngine, Runner, Echo]]:
-    await migrations.upgrade(engine)
+async def setup(database: Database) -> AsyncIterator[tuple[Database, Runner, Echo]]:
+    await migrations.upgrade(database)
     model = Echo()
-    store = SQLSessionStore(engine)
-    yield engine, Runner(Agent("Echo", "e", model=model), store), model
+    store = SQLSessionStore(database)
+    yield database, Runner(Agent("Echo", "e", model=model), store), model
     await store.aclose()
 
 
 async def add_rows(
-    engine: AsyncEngine, rows: list[tuple[str, str]], status: str = "pending", **extra: Any
+    engine: Database, rows: list[tuple[str, str]], status: str = "pending", **extra: Any
 ) -> None:
     now = datetime.now(UTC)
     async with engine.begin() as conn:
@@ -82,12 +84,12 @@ async def add_rows(
         )
 
 
-async def table(engine: AsyncEngine, query: Any) -> list[Any]:
+async def table(engine: Database, query: Any) -> list[Any]:
     async with engine.connect() as conn:
         return list(await conn.execute(query))
 
 
-async def test_turns_commit_with_their_inbox_row_and_reply(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+async def test_turns_commit_with_their_inbox_row_and_reply(setup: tuple[Database, Runner, Echo]) -> None:
     engine, runner, _ = setup
     await add_rows(
         engine,
@@ -123,7 +125,7 @@ async def test_turns_commit_with_their_inbox_row_and_reply(setup: tuple[AsyncEng
     assert session.metadata == {"platform": "telegram", "user_id": "7", "user_name": "Ann"}
 
 
-async def test_two_workers_keep_each_conversation_in_order(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+async def test_two_workers_keep_each_conversation_in_order(setup: tuple[Database, Runner, Echo]) -> None:
     engine, runner, model = setup
     rows = [(f"telegram:{s}", f"telegram:{s}/{i}") for i in range(6) for s in range(4)]
     await add_rows(engine, rows)
@@ -136,7 +138,7 @@ async def test_two_workers_keep_each_conversation_in_order(setup: tuple[AsyncEng
 
 
 async def test_a_failing_turn_is_retried_later_then_dead_lettered(
-    setup: tuple[AsyncEngine, Runner, Echo],
+    setup: tuple[Database, Runner, Echo],
 ) -> None:
     engine, runner, model = setup
     await add_rows(engine, [("telegram:1", "telegram:1/x"), ("telegram:1", "telegram:1/y")])
@@ -165,7 +167,7 @@ async def test_a_failing_turn_is_retried_later_then_dead_lettered(
     assert [m.content for m in session.history] == ["telegram:1/y", "echo:telegram:1/y"]  # x left no trace
 
 
-async def test_a_worker_that_lost_its_lease_commits_nothing(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+async def test_a_worker_that_lost_its_lease_commits_nothing(setup: tuple[Database, Runner, Echo]) -> None:
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:1", "telegram:1/a")])
     worker = InboxWorker(engine, runner, owner="slow")
@@ -178,7 +180,7 @@ async def test_a_worker_that_lost_its_lease_commits_nothing(setup: tuple[AsyncEn
     assert await runner.session_store.get("telegram:1") is None
 
 
-async def test_a_leased_row_is_not_claimed_twice(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+async def test_a_leased_row_is_not_claimed_twice(setup: tuple[Database, Runner, Echo]) -> None:
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:1", "telegram:1/a"), ("telegram:2", "telegram:2/a")])
     first = await InboxWorker(engine, runner, owner="a").claim(10)
@@ -187,17 +189,17 @@ async def test_a_leased_row_is_not_claimed_twice(setup: tuple[AsyncEngine, Runne
     assert second == []
 
 
-async def test_callback_queries_are_always_answered(setup: tuple[AsyncEngine, Runner, Echo]) -> None:
+async def test_callback_queries_are_always_answered(setup: tuple[Database, Runner, Echo]) -> None:
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:1", "telegram:1/btn")], callback_query_id="cbq-9")
     assert await InboxWorker(engine, runner).run_until_idle() == 1
     kinds = await table(engine, select(OutboxRow.kind, OutboxRow.target_json).order_by(OutboxRow.id))
     assert [k for k, _ in kinds] == ["answer_callback", "text"]
-    assert kinds[0][1] == {"id": "cbq-9"}
+    assert TelegramTarget.from_json(kinds[0][1]).callback_query_id == "cbq-9"
 
 
 async def test_a_long_reply_becomes_several_outbox_rows_in_order(
-    setup: tuple[AsyncEngine, Runner, Echo],
+    setup: tuple[Database, Runner, Echo],
 ) -> None:
     engine, runner, _ = setup
     long_text = "telegram:1/" + ("word " * 1000).strip() + "\n\n" + ("more " * 300).strip()
@@ -210,7 +212,7 @@ async def test_a_long_reply_becomes_several_outbox_rows_in_order(
 
 
 async def test_a_lost_lease_costs_the_turns_committed_with_it_nothing(
-    setup: tuple[AsyncEngine, Runner, Echo],
+    setup: tuple[Database, Runner, Echo],
 ) -> None:
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:1", "telegram:1/a"), ("telegram:2", "telegram:2/a")])
@@ -230,7 +232,7 @@ async def test_a_lost_lease_costs_the_turns_committed_with_it_nothing(
 
 
 async def test_claims_take_each_conversations_oldest_row_whatever_the_backlog(
-    setup: tuple[AsyncEngine, Runner, Echo],
+    setup: tuple[Database, Runner, Echo],
 ) -> None:
     engine, runner, _ = setup
     # History first: conversation 0 has finished rows before its backlog, conversation 1 a dead one.
@@ -251,12 +253,12 @@ async def test_claims_take_each_conversations_oldest_row_whatever_the_backlog(
 
 
 async def test_while_webhooks_wait_for_a_commit_few_turns_start_at_a_time_but_all_run(
-    setup: tuple[AsyncEngine, Runner, Echo], monkeypatch: pytest.MonkeyPatch
+    setup: tuple[Database, Runner, Echo], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A flood of webhooks holds new turns back (acknowledgements first) without starving them."""
     engine, runner, model = setup
     delay = 0.05
-    monkeypatch.setattr(inbox, "BUSY_CLAIM_DELAY_SECONDS", delay)
+    monkeypatch.setattr(claim_loop, "BUSY_CLAIM_DELAY_SECONDS", delay)
     rows = [("telegram:1", f"telegram:1/{i}") for i in range(3)]
     rows += [(f"telegram:{n}", f"telegram:{n}/0") for n in range(2, 10)]
     await add_rows(engine, rows)
@@ -273,7 +275,7 @@ async def test_while_webhooks_wait_for_a_commit_few_turns_start_at_a_time_but_al
     claims: list[tuple[float, int]] = []
     claim = worker.claim
 
-    async def recorded_claim(limit: int) -> list[inbox.ClaimedRow]:
+    async def recorded_claim(limit: int) -> list[ClaimedMessage]:
         claimed = await claim(limit)
         if claimed:
             claims.append((time.monotonic(), len(claimed)))
@@ -288,19 +290,20 @@ async def test_while_webhooks_wait_for_a_commit_few_turns_start_at_a_time_but_al
         await asyncio.gather(task, return_exceptions=True)
     assert model.seen["telegram:1"] == [f"telegram:1/{i}" for i in range(3)]
     assert sum(count for _, count in claims) == len(rows)
-    assert max(count for _, count in claims) <= inbox.BUSY_CLAIM_ROWS
+    assert max(count for _, count in claims) <= claim_loop.BUSY_CLAIM_ROWS
     times = [at for at, _ in claims]
     assert all(later - earlier >= delay for earlier, later in itertools.pairwise(times))
 
 
 async def test_before_each_turn_the_worker_names_where_the_reply_will_go(
-    setup: tuple[AsyncEngine, Runner, Echo],
+    setup: tuple[Database, Runner, Echo],
 ) -> None:
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:5", "telegram:5/a")], chat_type="group")
-    seen: list[tuple[str, dict[str, Any]]] = []
+    seen: list[tuple[str, ReplyTarget]] = []
     worker = InboxWorker(engine, runner, before_turn=lambda platform, target: seen.append((platform, target)))
     assert await worker.run_until_idle() == 1
     ((platform, target),) = seen
     assert platform == "telegram"
-    assert (target["chat_id"], target["reply_to"], target["chat_type"]) == ("5", "telegram:5:0", "group")
+    assert isinstance(target, TelegramTarget)
+    assert (target.chat_id, target.reply_to, target.chat_type) == ("5", "telegram:5:0", "group")

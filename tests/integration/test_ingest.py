@@ -1,67 +1,73 @@
-"""The ingest writer on its own: group commit of dedup keys and inbox rows, on an SQLite file (through
-its sqlite3 thread, in multi-row statements) and on PostgreSQL (through the engine)."""
+"""Ingest on its own: group commit of dedup keys and inbox rows, on an SQLite file (through its writer
+thread, in multi-row statements) and on PostgreSQL (through the engine)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.bootstrap import SWITCH_INTERVAL_SECONDS, tune_interpreter
+from gateway.domain.inbound import ConversationKey, InboundMessage, MessageKind, ParsedUpdate
 from gateway.store import migrations
-from gateway.store.engine import create_engine, sqlite_file_path
-from gateway.store.ingest import (
-    BUSY_WAITING_REQUESTS,
-    MAX_ROWS_PER_STATEMENT,
-    SWITCH_INTERVAL_SECONDS,
-    InboxEntry,
-    IngestItem,
-    IngestWriter,
-)
-from gateway.store.sqlite_thread import SQLiteThread
+from gateway.store.database import Database
+from gateway.store.engine import create_engine
+from gateway.store.ingest import BUSY_WAITING_REQUESTS, MAX_ROWS_PER_STATEMENT
+from gateway.store.ingest import Ingest as IngestRepository
 from gateway.store.tables import InboxRow, ProcessedMessageRow
+
+Item = tuple[InboundMessage, bool]  # a message, and whether it starts a turn
+
+
+class Writer:
+    """Ingest as the webhooks call it, one request (a list of messages) at a time."""
+
+    def __init__(self, database: Database) -> None:
+        self.repository = IngestRepository(database, timedelta(hours=192))
+
+    @property
+    def busy(self) -> bool:
+        return self.repository.busy
+
+    async def write(self, items: list[Item]) -> list[bool]:
+        update = ParsedUpdate(messages=[message for message, _ in items])
+        return await self.repository.write(update, [pending for _, pending in items])
 
 
 @dataclass
 class Ingest:
     engine: AsyncEngine
-    writer: IngestWriter
-    thread: SQLiteThread | None
+    writer: Writer
+    database: Database
 
 
 @pytest.fixture
 async def ingest(database_url: str) -> AsyncIterator[Ingest]:
-    engine = create_engine(database_url)
-    await migrations.upgrade(engine)
-    path = sqlite_file_path(engine.url)
-    thread = SQLiteThread(path) if path is not None else None
-    writer = IngestWriter(engine, thread, dedup_ttl_hours=192)
-    await writer.start()
-    yield Ingest(engine, writer, thread)
-    await writer.stop()
-    if thread is not None:
-        await thread.aclose()
-    await engine.dispose()
+    database = Database.open(database_url)
+    await migrations.upgrade(database)
+    yield Ingest(database.engine, Writer(database), database)
+    await database.aclose()
 
 
-def item(
-    key: str, text: str = "hello", *, session: str = "telegram:1", status: str = "pending"
-) -> IngestItem:
-    entry = InboxEntry(
+def item(key: str, text: str = "hello", *, session: str = "telegram:1", status: str = "pending") -> Item:
+    chat = session.split(":")[1]
+    message = InboundMessage(
         platform="telegram",
-        session_id=session,
         message_id=key,
-        kind="text",
+        dedup_key=key,
+        conversation=ConversationKey("telegram", chat),
+        kind=MessageKind.TEXT,
+        timestamp=datetime.now(UTC),
         text=text,
-        message={"text": text, "nested": {"ünïcode": "✓", "list": [1, None]}},
-        status=status,
+        raw={"text": text, "nested": {"ünïcode": "✓", "list": [1, None]}},
     )
-    return IngestItem(key, "telegram", entry)
+    return message, status == "pending"
 
 
 async def inbox_rows(engine: AsyncEngine) -> list[tuple[str, str | None, object, str]]:
@@ -90,7 +96,7 @@ async def test_a_batch_claims_new_keys_once_and_stores_their_rows(ingest: Ingest
         ("k2", "two", "pending"),
         ("k3", "three", "recorded"),
     ]
-    assert rows[0][2] == {"text": "one", "nested": {"ünïcode": "✓", "list": [1, None]}}
+    assert rows[0][2]["raw"] == {"text": "one", "nested": {"ünïcode": "✓", "list": [1, None]}}
     assert await key_count(ingest.engine) == 3
 
 
@@ -136,7 +142,8 @@ async def test_concurrent_writers_share_commits_and_each_key_is_new_once(ingest:
     results = await asyncio.gather(*(ingest.writer.write(request) for request in requests))
     new_per_key: dict[str, int] = {}
     for request, result in zip(requests, results, strict=True):
-        new_per_key[request[0].dedup_key] = new_per_key.get(request[0].dedup_key, 0) + sum(result)
+        key = request[0][0].dedup_key
+        new_per_key[key] = new_per_key.get(key, 0) + sum(result)
     assert new_per_key == dict.fromkeys(keys, 1)
     rows = await inbox_rows(ingest.engine)
     assert [key for key, *_ in rows] == keys  # stored in the order the requests arrived
@@ -144,9 +151,8 @@ async def test_concurrent_writers_share_commits_and_each_key_is_new_once(ingest:
 
 async def test_a_failed_commit_fails_its_batch_and_the_writer_goes_on(ingest: Ingest) -> None:
     # A message that cannot be stored (not JSON) fails the commit of its batch, whatever the backend.
-    broken = IngestItem(
-        "broken", "telegram", InboxEntry("telegram", "telegram:1", "m", "text", "t", {"x": {1j}}, "pending")
-    )
+    message, pending = item("broken")
+    broken = (replace(message, raw={"x": {1j}}), pending)
     # Both requests are queued before the writer wakes, so they share the batch and its fate.
     results = await asyncio.gather(
         ingest.writer.write([broken]), ingest.writer.write([item("fine")]), return_exceptions=True
@@ -157,41 +163,27 @@ async def test_a_failed_commit_fails_its_batch_and_the_writer_goes_on(ingest: In
     assert [key for key, *_ in await inbox_rows(ingest.engine)] == ["fine"]
 
 
-async def test_stop_finishes_what_is_queued(database_url: str) -> None:
-    engine = create_engine(database_url)
-    await migrations.upgrade(engine)
-    path = sqlite_file_path(engine.url)
-    thread = SQLiteThread(path) if path is not None else None
-    writer = IngestWriter(engine, thread, dedup_ttl_hours=192)
-    await writer.start()
+async def test_closing_the_database_finishes_what_is_queued(database_url: str) -> None:
+    database = Database.open(database_url)
+    await migrations.upgrade(database)
+    writer = Writer(database)
     pending = [asyncio.ensure_future(writer.write([item(f"s{i}")])) for i in range(50)]
     await asyncio.sleep(0)  # every write is queued
-    await writer.stop()
+    engine = create_engine(database_url)
+    await database.aclose()
     assert [future.result() for future in pending] == [[True]] * 50
-    if thread is not None:
-        await thread.aclose()
     assert len(await inbox_rows(engine)) == 50
     await engine.dispose()
 
 
-async def test_the_writer_lowers_the_gil_switch_interval_while_it_runs(sqlite_url: str) -> None:
-    # The sqlite thread takes the GIL back after each statement; 5 ms each while the loop is busy.
+def test_serving_lowers_the_gil_switch_interval() -> None:
+    # The writer thread takes the GIL back after each statement; 5 ms each while the loop is busy.
     before = sys.getswitchinterval()
-    engine = create_engine(sqlite_url)
-    await migrations.upgrade(engine)
-    path = sqlite_file_path(engine.url)
-    assert path is not None
-    thread = SQLiteThread(path)
-    writer = IngestWriter(engine, thread, dedup_ttl_hours=192)
-    await writer.start()
     try:
+        tune_interpreter()
         assert sys.getswitchinterval() == pytest.approx(min(before, SWITCH_INTERVAL_SECONDS))
-        assert await writer.write([item("k")]) == [True]
     finally:
-        await writer.stop()
-        await thread.aclose()
-        await engine.dispose()
-    assert sys.getswitchinterval() == pytest.approx(before)
+        sys.setswitchinterval(before)
 
 
 async def test_the_writer_is_busy_only_while_many_requests_wait(ingest: Ingest) -> None:

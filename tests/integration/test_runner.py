@@ -25,7 +25,6 @@ from gateway.agents import (
     tool,
 )
 from gateway.agents.models.base import ToolSpec
-from gateway.store.turns import InboxCompletion
 from tests.helpers import REPO_ROOT
 from tests.turn_worker import EchoModel
 
@@ -322,10 +321,10 @@ async def test_a_cancellation_during_the_save_leaves_memory_and_storage_agreeing
     entered, release = asyncio.Event(), asyncio.Event()
 
     class SlowSaving(SQLiteSessionStore):
-        async def save(self, session: SessionContext, completion: InboxCompletion | None = None) -> None:
+        async def save(self, session: SessionContext, also: object | None = None) -> None:
             entered.set()
             await release.wait()
-            await super().save(session, completion)
+            await super().save(session, also)
 
     store = SlowSaving(tmp_path / "slow.db")
     runner = Runner(Agent("A", "a", model=ScriptModel([say("stored anyway")])), store)

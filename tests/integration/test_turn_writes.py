@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.agents import Agent, Message, Role, SQLSessionStore
-from gateway.agents.stores.sql_io import ROWS_PER_STATEMENT
+from gateway.store.sessions import ROWS_PER_STATEMENT
 
 
 async def test_a_save_larger_than_one_statement_writes_and_prunes_every_row(database_url: str) -> None:

@@ -16,11 +16,11 @@ from gateway.agents.agent import Agent
 from gateway.agents.context import DEFAULT_MAX_TURNS, DEFAULT_TITLE, SessionContext, make_title
 from gateway.domain.messages import Role
 from gateway.errors import GatewayError
-from gateway.store.turns import InboxCompletion
+from gateway.store import dedup
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_DEDUP_TTL_HOURS = 192  # 8 days: longer than WhatsApp's 7-day retry window
+DEFAULT_DEDUP_TTL_HOURS = dedup.DEFAULT_TTL_HOURS
 AgentResolver = Callable[[str], Agent | None]
 
 
@@ -123,10 +123,11 @@ class BaseSessionStore(ABC):
     async def get(self, session_id: str) -> SessionContext | None: ...
 
     @abstractmethod
-    async def save(self, session: SessionContext, completion: InboxCompletion | None = None) -> None:
+    async def save(self, session: SessionContext, also: object | None = None) -> None:
         """Persist one turn's changes; SessionDeletedError if the session is gone.
 
-        `completion` (the gateway's worker) commits its inbox row and replies in the same transaction.
+        `also`: what the caller's unit of work commits in the same transaction (the gateway's worker:
+        its inbox row and replies); opaque to the runner, understood by the SQL store only.
         """
 
     @abstractmethod

@@ -13,7 +13,6 @@ from gateway.agents.stores.base import (
     SessionInfo,
 )
 from gateway.domain.messages import utcnow
-from gateway.store.turns import InboxCompletion
 
 
 class SessionStore(BaseSessionStore):
@@ -50,8 +49,8 @@ class SessionStore(BaseSessionStore):
     async def get(self, session_id: str) -> SessionContext | None:
         return self._sessions.get(session_id)
 
-    async def save(self, session: SessionContext, completion: InboxCompletion | None = None) -> None:
-        if completion is not None:
+    async def save(self, session: SessionContext, also: object | None = None) -> None:
+        if also is not None:
             raise TypeError("the in-memory store has no inbox to commit; use an SQL store")
         stored = self._sessions.get(session.session_id)
         if session._is_new and stored is None:

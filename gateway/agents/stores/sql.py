@@ -1,26 +1,19 @@
-"""Sessions in SQL (SQLite or PostgreSQL), on the same tables and migrations as the gateway service.
+"""Sessions in SQL (SQLite or PostgreSQL): the agents' face of the store's session repository.
 
-A turn writes only what changed, in one transaction: the session row, the pruned positions
-deleted, the new messages appended. Loading reads the session row and its kept window through
-the (session_id, position) index, so neither the number of sessions nor the turns pruned before
-make a turn slower.
+The statements live in gateway/store/sessions.py (and a turn's unit of work in gateway/store/turns.py);
+this class turns SessionContexts into their rows and back, keeps recently decoded histories, and holds
+a session exclusively while a turn runs on it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import fcntl
-import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-
-from sqlalchemy import delete, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.agents.agent import Agent
 from gateway.agents.context import DEFAULT_MAX_TURNS, DEFAULT_TITLE, SessionContext
@@ -30,81 +23,60 @@ from gateway.agents.stores.base import (
     SessionDeletedError,
     SessionInfo,
 )
-from gateway.agents.stores.sql_io import EngineIO, MessageFields, SessionFields, SessionIO, SQLiteFileIO
 from gateway.domain.messages import Message, utcnow
-from gateway.store import dedup, migrations, queue
-from gateway.store.engine import SQLITE_IMMEDIATE, async_url, create_engine, sqlite_file_path
-from gateway.store.sqlite_thread import SQLiteThread
-from gateway.store.tables import SessionRow
-from gateway.store.turns import InboxCompletion
+from gateway.store import dedup, migrations, sessions, turns
+from gateway.store.database import Database, Engine
+from gateway.store.engine import async_url
+from gateway.store.session_locks import session_lock
 
-SQLITE_LOCK_BUCKETS = 1024
 RECENT_SESSIONS = 1000  # decoded sessions kept per store, so a turn need not re-read its history
-PG_SESSION_LOCKS = 20  # sessions one store runs turns on at once, on an engine it creates
+PG_SESSION_LOCKS = 20  # sessions one store runs turns on at once, on a database it opens
 
 
 class SQLSessionStore(BaseSessionStore):
-    """A store on any SQLAlchemy async URL or engine; migrates the schema to head on first use."""
+    """A store on a database URL (it then opens and closes its own `Database`), on the service's
+    `Database`, or on an AsyncEngine (for library use; the store closes what it opened on it, never
+    the engine). Migrates the schema to head on first use."""
 
     def __init__(
         self,
-        url_or_engine: str | AsyncEngine,
+        url_or_database: str | Database | Any,
         default_max_turns: int = DEFAULT_MAX_TURNS,
         dedup_ttl_hours: float = DEFAULT_DEDUP_TTL_HOURS,
         *,
         default_title: str = DEFAULT_TITLE,
-        sqlite_thread: SQLiteThread | None = None,
     ) -> None:
-        """`sqlite_thread`: share the service's SQLite writer thread (one connection writes, so writers
-        in one process queue there instead of in SQLite's busy handler, which sleeps)."""
         super().__init__(default_max_turns, dedup_ttl_hours, default_title=default_title)
-        if isinstance(url_or_engine, AsyncEngine):
-            self.engine, self._owns_engine = url_or_engine, False
-        elif isinstance(url_or_engine, str):
-            self.engine, self._owns_engine = (
-                create_engine(url_or_engine, **_pool_options(url_or_engine)),
-                True,
-            )
-        else:
-            raise TypeError("url_or_engine must be a database URL or an AsyncEngine")
-        self._dialect = self.engine.dialect.name
+        if isinstance(url_or_database, Database):
+            self.database, self._owns_database = url_or_database, False
+        elif isinstance(url_or_database, str):
+            self.database = Database.open(url_or_database, **_pool_options(url_or_database))
+            self._owns_database = True
+        else:  # an AsyncEngine (TypeError for anything else)
+            self.database, self._owns_database = Database.on_engine(url_or_database), True
         self._schema_ready = False
         self._recent: OrderedDict[str, tuple[datetime, tuple[Message, ...]]] = OrderedDict()
-        self._lock_dir = _sqlite_lock_dir(self.engine)
-        sqlite_file = sqlite_file_path(self.engine.url)
-        self._io: SessionIO = EngineIO(self.engine)
-        self._sqlite_thread: SQLiteThread | None = None
-        if sqlite_thread is not None:
-            self._io = SQLiteFileIO(sqlite_thread, owns_thread=False)
-        elif sqlite_file is not None:
-            self._io = SQLiteFileIO(SQLiteThread(sqlite_file))
-        if isinstance(self._io, SQLiteFileIO):
-            # The one writer of this file in the process: the inbox worker and delivery use it too.
-            self._sqlite_thread = self._io.thread
-            queue.attach(self.engine, self._io.thread)
         # Each PostgreSQL session lock holds a pooled connection for the whole turn; leave the other
         # half of the pool for the turns' own reads and writes, so lock holders cannot starve them.
-        self._pg_lock_slots = asyncio.Semaphore(max(1, _pool_capacity(self.engine) // 2))
+        self._lock = session_lock(self.database, _pool_capacity(self.database) // 2)
+
+    @property
+    def engine(self) -> Engine:
+        """The SQLAlchemy engine underneath (for library users' own queries on the same tables)."""
+        return self.database.engine
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.engine.url.render_as_string(hide_password=True)!r})"
+        return f"{type(self).__name__}({self.database.engine.url.render_as_string(hide_password=True)!r})"
 
     async def aclose(self) -> None:
-        if self._sqlite_thread is not None:
-            queue.detach(self.engine, self._sqlite_thread)
-        await self._io.aclose()
-        if self._owns_engine:
-            await self.engine.dispose()
+        if self._owns_database:
+            await self.database.aclose()
 
-    async def _ready(self) -> AsyncEngine:
+    async def _ready(self) -> Database:
         if not self._schema_ready:
-            await migrations.ensure_head(self.engine)
+            await migrations.ensure_head(self.database.engine)
             self._schema_ready = True
-        return self.engine
-
-    def _write(self) -> AbstractAsyncContextManager[AsyncConnection]:
-        """A transaction that takes SQLite's write lock at BEGIN (a no-op option elsewhere)."""
-        return self.engine.execution_options(**{SQLITE_IMMEDIATE: True}).begin()
+        return self.database
 
     # --- sessions -----------------------------------------------------------------------------
     async def get_or_create(
@@ -126,9 +98,9 @@ class SQLSessionStore(BaseSessionStore):
         return await self._load(session_id, None)
 
     async def _load(self, session_id: str, max_turns: int | None) -> SessionContext | None:
-        await self._ready()
+        db = await self._ready()
         cached = self._recent.get(session_id)
-        loaded = await self._io.load(session_id, cached[0] if cached else None)
+        loaded = await sessions.load(db, session_id, cached[0] if cached else None)
         if loaded is None:
             self._recent.pop(session_id, None)
             return None
@@ -161,11 +133,14 @@ class SQLSessionStore(BaseSessionStore):
         while len(self._recent) > RECENT_SESSIONS:
             self._recent.popitem(last=False)
 
-    async def save(self, session: SessionContext, completion: InboxCompletion | None = None) -> None:
-        await self._ready()
+    async def save(self, session: SessionContext, also: object | None = None) -> None:
+        """`also`: a gateway.store.turns.TurnCompletion to commit with the session (the worker's)."""
+        if also is not None and not isinstance(also, turns.TurnCompletion):
+            raise TypeError("also must be a gateway.store.turns.TurnCompletion")
+        db = await self._ready()
         now = utcnow()
         title = self._title_for(session)
-        fields = SessionFields(
+        fields = sessions.SessionFields(
             active_agent_name=session.active_agent.name,
             title=title,
             metadata=session.metadata,
@@ -178,17 +153,18 @@ class SQLSessionStore(BaseSessionStore):
             message.position = next_position
             next_position += 1
             rows.append(
-                MessageFields(message.position, message.role.value, message.to_dict(), message.created_at)
+                sessions.MessageFields(
+                    message.position, message.role.value, message.to_dict(), message.created_at
+                )
             )
-        saved = await self._io.save(
+        write = sessions.TurnWrite(
             session.session_id,
             session.created_at if session._is_new else None,
             fields,
             sorted(session._pruned_positions()),
             rows,
-            completion,
         )
-        if not saved:
+        if not await turns.commit(db, write, also):
             raise SessionDeletedError(session.session_id)
         session.title = title
         session.updated_at = now
@@ -196,82 +172,43 @@ class SQLSessionStore(BaseSessionStore):
         self._remember(session)
 
     async def delete(self, session_id: str) -> bool:
-        await self._ready()
+        db = await self._ready()
         self._recent.pop(session_id, None)
-        async with self._write() as conn:
-            result = await conn.execute(delete(SessionRow).where(SessionRow.session_id == session_id))
-        return bool(result.rowcount)
+        return await sessions.delete_session(db, session_id)
 
     async def list_sessions(self, limit: int = 50, offset: int = 0) -> list[SessionInfo]:
         if limit < 0 or offset < 0:
             raise ValueError("limit and offset must be zero or more")
-        engine = await self._ready()
-        query = (
-            select(
-                SessionRow.session_id,
-                SessionRow.title,
-                SessionRow.active_agent_name,
-                SessionRow.created_at,
-                SessionRow.updated_at,
-                SessionRow.message_count,
-                SessionRow.metadata_json,
-            )
-            .order_by(SessionRow.updated_at.desc(), SessionRow.session_id.desc())
-            .limit(limit)
-            .offset(offset)
-        )
-        async with engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
+        db = await self._ready()
         return [
             SessionInfo(
-                session_id=r.session_id,
-                title=r.title,
-                active_agent_name=r.active_agent_name,
-                created_at=r.created_at,
-                updated_at=r.updated_at,
-                message_count=r.message_count,
-                metadata=r.metadata_json,
+                session_id=listing.session.session_id,
+                title=listing.session.title,
+                active_agent_name=listing.session.active_agent,
+                created_at=listing.session.created_at,
+                updated_at=listing.session.updated_at,
+                message_count=listing.session.message_count,
+                metadata=listing.metadata,
             )
-            for r in rows
+            for listing in await sessions.recent(db, limit, offset)
         ]
 
     # --- cross-process serialization --------------------------------------------------------
     @asynccontextmanager
     async def _exclusive(self, session_id: str) -> AsyncIterator[None]:
-        if self._dialect == "postgresql":
-            async with self._pg_lock_slots, self._pg_advisory_lock(session_id):
-                yield
-        elif self._lock_dir is not None:
-            async with _file_lock(self._lock_dir / f"{_bucket(session_id)}.lock"):
-                yield
-        else:
+        async with self._lock(session_id):
             yield
-
-    @asynccontextmanager
-    async def _pg_advisory_lock(self, session_id: str) -> AsyncIterator[None]:
-        key = _lock_key(session_id)
-        async with self.engine.connect() as conn:
-            conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            await conn.execute(select(func.pg_advisory_lock(key)))
-            try:
-                yield
-            finally:
-                await asyncio.shield(_pg_unlock(conn, key))
 
     # --- dedup --------------------------------------------------------------------------------
     async def is_message_processed(self, key: str) -> bool:
-        await self._ready()
-        return await self._io.is_processed(key, utcnow())
+        return await dedup.is_processed(await self._ready(), key)
 
     async def mark_message_processed(self, key: str, platform: str = "") -> bool:
-        await self._ready()
-        now = utcnow()
-        return await self._io.mark(key, platform, now, now + self.dedup_ttl)
+        return await dedup.mark(await self._ready(), key, platform, self.dedup_ttl)
 
     async def purge_expired(self) -> int:
         """Delete expired keys in bounded batches, each its own short transaction."""
-        await self._ready()
-        return await dedup.purge_expired(self.engine)
+        return await dedup.purge_expired(await self._ready())
 
 
 class SQLiteSessionStore(SQLSessionStore):
@@ -297,57 +234,8 @@ def _pool_options(url: str) -> dict[str, int]:
     return {"pool_size": 10, "max_overflow": 2 * PG_SESSION_LOCKS - 10}
 
 
-def _pool_capacity(engine: AsyncEngine) -> int:
-    pool = engine.sync_engine.pool
+def _pool_capacity(db: Database) -> int:
+    pool = db.engine.sync_engine.pool
     size = getattr(pool, "size", None)
     overflow = int(getattr(pool, "_max_overflow", 0))
     return (int(size()) if callable(size) else 5) + max(0, overflow)
-
-
-def _sqlite_lock_dir(engine: AsyncEngine) -> Path | None:
-    """Lock files live next to an SQLite file, shared by every process that opens it."""
-    path = sqlite_file_path(engine.url)
-    return None if path is None else path.with_suffix(".locks")
-
-
-def _digest(session_id: str) -> bytes:
-    return hashlib.blake2b(session_id.encode(), digest_size=8).digest()
-
-
-def _lock_key(session_id: str) -> int:
-    return int.from_bytes(_digest(session_id), "big", signed=True)
-
-
-def _bucket(session_id: str) -> int:
-    return int.from_bytes(_digest(session_id), "big") % SQLITE_LOCK_BUCKETS
-
-
-async def _pg_unlock(conn: AsyncConnection, key: int) -> None:
-    await conn.execute(select(func.pg_advisory_unlock(key)))
-
-
-@asynccontextmanager
-async def _file_lock(path: Path) -> AsyncIterator[None]:
-    """An exclusive flock on its own open file, so it excludes other processes and other tasks alike.
-
-    The blocking flock runs in a thread; if the waiting task is cancelled, the lock it may still
-    get is released as soon as it arrives.
-    """
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except FileNotFoundError:  # the lock folder's first use
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # uncontended: no thread hop at all
-    except BlockingIOError:
-        acquiring = asyncio.ensure_future(asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX))
-        try:
-            await asyncio.shield(acquiring)
-        except BaseException:
-            acquiring.add_done_callback(lambda _: os.close(fd))  # closing the file releases the lock
-            raise
-    try:
-        yield
-    finally:
-        os.close(fd)

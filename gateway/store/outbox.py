@@ -1,0 +1,222 @@
+"""The outbox (`chatflow_outbox`): a turn's replies, their delivery, and the platforms' word on them.
+
+A turn writes its replies in its own transaction (gateway/store/turns.py); delivery claims them in
+order per conversation (gateway/store/leases.py), together with whether their chat is still
+reachable, and records the outcome; status webhooks then move a sent row on (delivered, read,
+failed). `platform_message_id` is set in the same statement that marks a row sent, so a row the
+platform accepted is never sent twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from gateway.domain.inbound import StatusUpdate
+from gateway.domain.messages import utcnow
+from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
+from gateway.store import chats, leases
+from gateway.store.database import Database
+from gateway.store.sqlite_thread import to_sqlite_datetime
+from gateway.store.tables import OutboxRow
+
+ROWS_PER_STATEMENT = 64  # rows per multi-row insert; far below SQLite's limits
+_CLAIMED = ("platform", "session_id", "kind", "text", "target_json", "attempts")
+# A status only moves a row forward: a late "delivered" does not undo "read"; "failed" always applies.
+_STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
+
+
+@dataclass(frozen=True)
+class ClaimedReply:
+    id: int
+    message: OutboundMessage
+    attempts: int
+    reachable: bool = True  # False once the platform said the bot was removed from (or blocked in) the chat
+
+
+# --- a turn's replies ------------------------------------------------------------------------------
+@functools.cache
+def _insert_sql(count: int) -> str:
+    rows = ", ".join(["(?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?)"] * count)
+    return (
+        "INSERT INTO chatflow_outbox (inbox_id, platform, session_id, kind, text, target_json, status, "
+        f"attempts, next_attempt_at, created_at, updated_at) VALUES {rows}"
+    )
+
+
+def insert_on_file(
+    inbox_id: int | None, messages: Sequence[OutboundMessage], now: datetime
+) -> Callable[[sqlite3.Connection], None]:
+    """The rows' parameters are built here, on the event loop, so the writer thread only runs SQL."""
+    stamp = to_sqlite_datetime(now)
+    rows = [
+        (
+            inbox_id,
+            m.platform,
+            m.session_id,
+            m.kind.value,
+            m.text,
+            json.dumps(m.target.to_json()),
+            stamp,
+            stamp,
+            stamp,
+        )
+        for m in messages
+    ]
+    chunks = [
+        (
+            _insert_sql(len(rows[i : i + ROWS_PER_STATEMENT])),
+            [v for row in rows[i : i + ROWS_PER_STATEMENT] for v in row],
+        )
+        for i in range(0, len(rows), ROWS_PER_STATEMENT)
+    ]
+
+    def work(conn: sqlite3.Connection) -> None:
+        for statement, params in chunks:
+            conn.execute(statement, params)
+
+    return work
+
+
+async def insert_on_engine(
+    conn: AsyncConnection, inbox_id: int | None, messages: Sequence[OutboundMessage], now: datetime
+) -> None:
+    if not messages:
+        return
+    await conn.execute(
+        insert(OutboxRow),
+        [
+            {
+                "inbox_id": inbox_id,
+                "platform": m.platform,
+                "session_id": m.session_id,
+                "kind": m.kind.value,
+                "text": m.text,
+                "target_json": m.target.to_json(),
+                "status": "pending",
+                "attempts": 0,
+                "next_attempt_at": now,
+                "created_at": now,
+                "updated_at": now,
+            }
+            for m in messages
+        ],
+    )
+
+
+async def reply_texts(conn: AsyncConnection, inbox_id: int) -> list[str]:
+    """The texts a turn queued for inbox row `inbox_id`, in order."""
+    texts = await conn.execute(
+        select(OutboxRow.text)
+        .where(OutboxRow.inbox_id == inbox_id, OutboxRow.kind == OutboundKind.TEXT.value)
+        .order_by(OutboxRow.id)
+    )
+    return [text or "" for (text,) in texts]
+
+
+# --- status webhooks -------------------------------------------------------------------------------
+def _allowed_before(status: str) -> list[str]:
+    """The statuses a new `status` may replace."""
+    if status == "failed":
+        return ["pending", "sent", "delivered", "read"]
+    rank = _STATUS_RANK.get(status, 0)
+    return ["pending", *(s for s, r in _STATUS_RANK.items() if r < rank)]
+
+
+def _error_code(status: StatusUpdate) -> str | None:
+    return None if status.error_code is None else str(status.error_code)
+
+
+def apply_status_on_file(conn: sqlite3.Connection, status: StatusUpdate, now: datetime) -> None:
+    allowed = _allowed_before(status.status)
+    placeholders = ", ".join("?" * len(allowed))
+    conn.execute(
+        "UPDATE chatflow_outbox SET status = ?, error_code = ?, error_message = ?, updated_at = ? "
+        f"WHERE platform = ? AND platform_message_id = ? AND status IN ({placeholders})",
+        (
+            status.status,
+            _error_code(status),
+            status.error_title,
+            to_sqlite_datetime(now),
+            status.platform,
+            status.message_id,
+            *allowed,
+        ),
+    )
+
+
+def apply_status(status: StatusUpdate, now: datetime) -> Any:
+    """The same update in SQLAlchemy."""
+    return (
+        update(OutboxRow)
+        .where(
+            OutboxRow.platform == status.platform,
+            OutboxRow.platform_message_id == status.message_id,
+            OutboxRow.status.in_(_allowed_before(status.status)),
+        )
+        .values(
+            status=status.status,
+            error_code=_error_code(status),
+            error_message=status.error_title,
+            updated_at=now,
+        )
+    )
+
+
+# --- delivery --------------------------------------------------------------------------------------
+async def claim(
+    db: Database,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+    targets: Mapping[str, type[ReplyTarget]],
+) -> list[ClaimedReply]:
+    """Lease up to `limit` deliverable rows, oldest first per conversation, with their chats' reachability.
+
+    `targets` names each platform's ReplyTarget type, to read the rows' targets back with.
+    """
+    if limit <= 0:
+        return []
+    now = utcnow()
+    claim_file = leases.claim_on_file(OutboxRow, _CLAIMED, owner, now, now + lease, limit)
+    claim_engine = leases.claim_on_engine(OutboxRow, _CLAIMED, owner, now, now + lease, limit)
+
+    def on_file(conn: sqlite3.Connection) -> tuple[list[leases.Row], set[chats.Chat]]:
+        rows = claim_file(conn)
+        return rows, chats.unreachable_on_file(conn, _chats_of(rows))
+
+    async def on_engine(conn: AsyncConnection) -> tuple[list[leases.Row], set[chats.Chat]]:
+        rows = await claim_engine(conn)
+        return rows, await chats.unreachable_on_engine(conn, _chats_of(rows))
+
+    rows, unreachable = await db.write(on_file, on_engine)
+    claimed = []
+    for row_id, platform, session_id, kind, text, target_json, attempts in rows:
+        target_type = targets.get(platform, ReplyTarget)
+        target = target_type.from_json(target_json if isinstance(target_json, dict) else {})
+        message = OutboundMessage(platform, session_id, OutboundKind(kind), target, text)
+        reachable = (platform, target.chat_id) not in unreachable
+        claimed.append(ClaimedReply(row_id, message, attempts, reachable))
+    return claimed
+
+
+def _chats_of(rows: list[leases.Row]) -> list[chats.Chat]:
+    return [
+        (row[1], str(row[5]["chat_id"]))
+        for row in rows
+        if isinstance(row[5], dict) and row[5].get("chat_id") is not None
+    ]
+
+
+async def finish(db: Database, row_id: int, **values: Any) -> bool:
+    """Record a delivery's outcome (its status, the platform's message id or error) and end the lease."""
+    values.update(lease_owner=None, lease_until=None, updated_at=utcnow())
+    return await leases.update_row(db, OutboxRow, row_id, values)
