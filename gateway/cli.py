@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -21,17 +21,25 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_pacing, build_runner, build_senders, build_worker, load_agent, turn_kinds
+from gateway.bootstrap import (
+    build_delivery,
+    build_runner,
+    build_worker,
+    load_agent,
+    platform_settings,
+    turn_kinds,
+)
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.http_client import http_client
 from gateway.logs import configure_logging
-from gateway.platforms import local_key, simulated
-from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, telegram_bot_id, webhook_secret
-from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
+from gateway.platforms import local_key
+from gateway.platforms.registry import PLATFORMS, by_name, settings_groups
+from gateway.platforms.spec import PlatformSpec
+from gateway.platforms.telegram.api import TelegramAPI, TelegramAPIError
+from gateway.platforms.telegram.spec import TELEGRAM, TelegramSettings
 from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations, sessions
 from gateway.store.engine import create_engine, describe_failure, is_memory_sqlite, ping, safe_url
-from gateway.worker.outbound import OutboxDelivery
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
@@ -53,7 +61,7 @@ class CommandFailed(Exception):
     """A command failed in a way the user can act on; its message is the one line printed."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(platforms: Sequence[PlatformSpec[Any]]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -84,9 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser(
         "simulate", help="send a signed webhook to a running gateway and print the reply"
     )
-    simulate.add_argument("platform", choices=PLATFORMS)
+    simulate.add_argument("platform", choices=[spec.name for spec in platforms])
     simulate.add_argument("text", help="the message")
-    simulate.add_argument("--user", help="sender: a Telegram user id or a WhatsApp phone number")
+    defaults = ", ".join(f"{spec.name} {spec.simulate_user}" for spec in platforms)
+    simulate.add_argument("--user", help=f"sender: the user's id on the platform (default: {defaults})")
     simulate.add_argument("--url", help="the gateway (default: http://GATEWAY_HOST:GATEWAY_PORT)")
     simulate.add_argument(
         "--timeout", type=float, default=30, help="seconds to wait for the reply (default 30)"
@@ -144,15 +153,17 @@ def _positive_int(value: str) -> int:
     return number
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS) -> int:
+    """The command; `platforms` are those it knows (the registry's)."""
+    args = _parser(platforms).parse_args(argv)
+    groups = settings_groups(platforms)
     try:
-        settings = load_settings()
+        settings = load_settings(groups)
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
-    for name in unknown_env_settings():
+    for name in unknown_env_settings(groups):
         log.warning("unknown_setting_ignored", variable=name)
     try:
         if args.command == "serve":
@@ -161,9 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_telegram(settings, args))
         if args.command == "worker":
             load_agent(settings.agent)
-            return _with_engine(settings, lambda engine: _worker(settings, engine))
+            return _with_engine(settings, lambda engine: _worker(settings, engine, platforms))
         if args.command == "simulate":
-            return _with_engine(settings, lambda engine: _simulate(settings, engine, args))
+            spec = by_name(platforms)[args.platform]
+            return _with_engine(settings, lambda engine: _simulate(settings, engine, args, spec))
         if args.command == "chat":
             return _with_engine(settings, lambda engine: _chat(settings, engine, args.session))
         if args.command == "dedup":
@@ -227,27 +239,23 @@ async def _chat(settings: Settings, engine: AsyncEngine, session_id: str | None)
         print(f"{result.agent_name}> {result.content}")
 
 
-async def _simulate(settings: Settings, engine: AsyncEngine, args: argparse.Namespace) -> int:
-    """Post what the platform would, then wait in the database for the turn's replies.
+async def _simulate(
+    settings: Settings, engine: AsyncEngine, args: argparse.Namespace, spec: PlatformSpec[Any]
+) -> int:
+    """Post what the platform would (its spec's builder), then wait in the database for the turn's replies.
 
     Signs with the platform's configured secret, or else with the local mode's key (which the
     gateway accepts only from loopback clients).
     """
-    platform: str = args.platform
-    secret = webhook_secret(settings, platform)
+    group = platform_settings(settings, spec)
+    secret = spec.webhook_secret(group)
     if secret is None:
-        secret = _local_key(settings, platform)
+        secret = _local_key(settings, spec)
     try:
-        webhook = simulated.build(
-            platform,
-            args.text,
-            args.user or simulated.DEFAULT_USER[platform],
-            secret,
-            telegram_bot_id(settings),
-        )
+        webhook = spec.simulate(args.text, args.user or spec.simulate_user, secret, group)
     except ValueError as exc:
         raise SettingsError(f"invalid --user {args.user!r}: {exc}") from None
-    url = f"{(args.url or _local_url(settings)).rstrip('/')}/webhooks/{platform}"
+    url = f"{(args.url or _local_url(settings)).rstrip('/')}/webhooks/{spec.name}"
     async with http_client(timeout=10) as client:
         try:
             response = await client.post(url, content=webhook.body, headers=webhook.headers)
@@ -272,15 +280,15 @@ async def _simulate(settings: Settings, engine: AsyncEngine, args: argparse.Name
     return EXIT_OK
 
 
-def _local_key(settings: Settings, platform: str) -> str:
-    enabling = ENABLING_SETTING[platform]
+def _local_key(settings: Settings, spec: PlatformSpec[Any]) -> str:
+    enabling = spec.enabling_variable
     if not settings.local_key_file:
         raise SettingsError(f"invalid setting {enabling}: needed when the local mode is off")
     try:
         return local_key.read(Path(settings.local_key_file))
     except (OSError, ValueError):
         raise CommandFailed(
-            f"{platform} has no secret ({enabling}) and there is no local key at {settings.local_key_file}:"
+            f"{spec.name} has no secret ({enabling}) and there is no local key at {settings.local_key_file}:"
             " start `gateway serve` in this directory first (it creates the key)"
         ) from None
 
@@ -291,13 +299,13 @@ def _local_url(settings: Settings) -> str:
     return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
 
 
-async def _worker(settings: Settings, engine: AsyncEngine) -> int:
+async def _worker(settings: Settings, engine: AsyncEngine, platforms: Sequence[PlatformSpec[Any]]) -> int:
     """Answer inbox rows and deliver replies until SIGTERM or Ctrl-C; rows in flight are handed back."""
     await migrations.ensure_head(engine)
     runner = build_runner(settings, engine)
     async with http_client(timeout=30) as http:
-        delivery = OutboxDelivery(engine, build_senders(settings, http), pacing=build_pacing(settings))
-        worker = build_worker(settings, engine, runner, delivery)
+        delivery = build_delivery(settings, engine, http, platforms)
+        worker = build_worker(settings, engine, runner, delivery, platforms=platforms)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -315,16 +323,16 @@ async def _worker(settings: Settings, engine: AsyncEngine) -> int:
 
 
 async def _telegram(settings: Settings, args: argparse.Namespace) -> int:
-    if settings.telegram_bot_token is None or settings.telegram_secret_token is None:
-        raise SettingsError(
-            "invalid setting GATEWAY_TELEGRAM_BOT_TOKEN / GATEWAY_TELEGRAM_SECRET_TOKEN: both are needed"
-        )
+    telegram = settings.group(TELEGRAM.name, TelegramSettings)
+    if telegram.bot_token is None or telegram.secret_token is None:
+        both = f"{TELEGRAM.sending_variable} / {TELEGRAM.enabling_variable}"
+        raise SettingsError(f"invalid setting {both}: both are needed")
     async with http_client(timeout=30) as client:
-        api = TelegramAPI(settings.telegram_bot_token.get_secret_value(), settings.telegram_api_base, client)
+        api = TelegramAPI(telegram.bot_token.get_secret_value(), telegram.api_base, client)
         try:
             if args.telegram_command == "set-webhook":
                 url = _telegram_webhook_url(args.url)
-                secret = settings.telegram_secret_token.get_secret_value()
+                secret = telegram.secret_token.get_secret_value()
                 await api.set_webhook(url, secret, drop_pending_updates=args.drop_pending)
                 print(f"webhook set to {url}")
             else:

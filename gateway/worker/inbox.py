@@ -13,7 +13,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +22,10 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.agents import Message, Runner
+from gateway.domain.outbound import ReplyTarget
 from gateway.domain.text import split_message
+from gateway.platforms.registry import PLATFORMS
+from gateway.platforms.spec import PlatformSpec, message_target
 from gateway.store import queue
 from gateway.store.tables import InboxRow
 from gateway.store.turns import InboxCompletion, LeaseLostError, OutboxEntry
@@ -65,16 +68,19 @@ class InboxWorker:
         owner: str | None = None,
         on_committed: Callable[[], None] = lambda: None,
         busy: Callable[[], bool] = lambda: False,
-        before_turn: Callable[[str, dict[str, Any]], None] = lambda platform, target: None,
+        before_turn: Callable[[str, ReplyTarget], None] = lambda platform, target: None,
+        platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
     ) -> None:
         """`on_committed` runs after each committed turn (it wakes the delivery of the replies);
         `busy` says whether this process's webhooks are waiting for a commit; `before_turn` gets the
-        platform and reply target of each turn about to run (the typing indicator)."""
+        platform and reply target of each turn about to run (the typing indicator); `platforms`
+        build the reply targets."""
         self.engine = engine
         self.runner = runner
         self.on_committed = on_committed
         self.busy = busy
         self.before_turn = before_turn
+        self.reply_targets: ReplyTargets = {spec.name: spec.reply_target for spec in platforms}
         self.concurrency = concurrency
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
@@ -155,10 +161,10 @@ class InboxWorker:
 
         def commit_with(new_messages: list[Message]) -> InboxCompletion:
             reply = new_messages[-1].content or ""
-            return InboxCompletion(row.id, self.owner, _replies(row, reply))
+            return InboxCompletion(row.id, self.owner, _replies(row, reply, self.reply_targets))
 
         with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
-            self.before_turn(row.platform, _reply_target(row))
+            self.before_turn(row.platform, _reply_target(row, self.reply_targets))
             try:
                 await self.runner.run_async(row.session_id, row.text or "", metadata, commit_with=commit_with)
             except LeaseLostError:
@@ -211,24 +217,20 @@ class InboxWorker:
             log.warning("turn_failed", attempts=attempts, retry_in_s=round(delay, 1), error=error)
 
 
-def _reply_target(row: ClaimedRow) -> dict[str, Any]:
-    """Where the reply goes, read from the stored message: chat, topic, recipient, what it answers."""
-    message = row.message
-    conversation = message.get("conversation") or {}
-    return {
-        "chat_id": conversation.get("chat_id"),
-        "scope": conversation.get("scope"),
-        "thread_id": conversation.get("thread_id"),
-        "user_id": message.get("user_id"),
-        "phone": message.get("phone"),
-        "reply_to": message.get("message_id"),
-        "chat_type": message.get("chat_type"),
-    }
+# Each platform's builder of reply targets from a stored message (its spec's `reply_target`).
+ReplyTargets = Mapping[str, Callable[[Mapping[str, Any]], ReplyTarget]]
 
 
-def _replies(row: ClaimedRow, reply: str) -> list[OutboxEntry]:
+def _reply_target(row: ClaimedRow, builders: ReplyTargets) -> ReplyTarget:
+    """Where the reply goes, as the platform reads it from the stored message (chat, topic, recipient,
+    what it answers); a platform no spec knows any more gets just the chat and the message."""
+    build = builders.get(row.platform)
+    return build(row.message) if build is not None else message_target(ReplyTarget, row.message)
+
+
+def _replies(row: ClaimedRow, reply: str, builders: ReplyTargets) -> list[OutboxEntry]:
     message = row.message
-    target = _reply_target(row)
+    target = _reply_target(row, builders).to_json()
     entries = []
     if message.get("callback_query_id"):  # the user's spinner stops only when the query is answered
         entries.append(

@@ -19,6 +19,7 @@ import os
 import random
 import socket
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,7 +27,10 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.platforms.base import DeliveryError, Sender
+from gateway.platforms.registry import PLATFORMS
+from gateway.platforms.spec import PlatformSpec
 from gateway.store import queue
 from gateway.store.tables import OutboxRow
 from gateway.worker.maintenance import wait_for_wake
@@ -71,11 +75,14 @@ class OutboxDelivery:
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
         pacing: PacingLimits | None = None,
+        platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
     ) -> None:
-        """`pacing`: the platforms' rate limits to stay under (None: send as fast as claimed)."""
+        """`pacing`: the platforms' rate limits to stay under (None: send as fast as claimed);
+        `platforms`: their specs, whose target types read the rows' targets."""
         self.engine = engine
         self.senders = senders
         self.pacing = pacing
+        self.target_types = {spec.name: spec.target_type for spec in platforms}
         self._pacer = Pacer()
         self.concurrency = concurrency
         self.max_attempts = max_attempts
@@ -88,7 +95,7 @@ class OutboxDelivery:
     def wake(self) -> None:
         self._wake.set()
 
-    def indicate_typing(self, platform: str, target: dict[str, Any]) -> None:
+    def indicate_typing(self, platform: str, target: ReplyTarget) -> None:
         """Start the platform's typing indicator for `target` in the background, where replies are
         sent for real. Best effort and unpaced: it never delays a turn, and the sender logs failures."""
         sender = self.senders.get(platform)
@@ -185,12 +192,17 @@ class OutboxDelivery:
             )
             await self._finish(row.id, status="dry_run")
             return
-        if self.pacing is not None and row.kind == "text":
-            delay = self._pacer.reserve(self.pacing.limits(row.platform, row.target))
+        try:
+            message = self._message(row)
+        except ValueError as exc:  # a kind this version cannot send: retrying will not help
+            await self._failed(row.id, row.attempts + 1, DeliveryError(str(exc), permanent=True))
+            return
+        if self.pacing is not None and message.kind is OutboundKind.TEXT:
+            delay = self._pacer.reserve(self.pacing.limits(row.platform, message.target))
             if delay > 0:
                 await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
         try:
-            message_id = await sender.send(row.kind, row.text, row.target)
+            message_id = await sender.send(message)
         except DeliveryError as exc:
             await self._failed(row.id, row.attempts + 1, exc)
             return
@@ -203,6 +215,11 @@ class OutboxDelivery:
         log.info(
             "reply_sent", outbox_id=row.id, platform=row.platform, session_id=row.session_id, kind=row.kind
         )
+
+    def _message(self, row: ClaimedReply) -> OutboundMessage:
+        """The row as its platform's typed message (its target read by the platform's target type)."""
+        target = self.target_types.get(row.platform, ReplyTarget).from_json(row.target)
+        return OutboundMessage(row.platform, row.session_id, OutboundKind(row.kind), target, row.text)
 
     async def _finish(self, row_id: int, **values: Any) -> None:
         values.update(lease_owner=None, lease_until=None, updated_at=datetime.now(UTC))

@@ -299,7 +299,9 @@ async def test_before_each_turn_the_worker_names_where_the_reply_will_go(
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:5", "telegram:5/a")], chat_type="group")
     seen: list[tuple[str, dict[str, Any]]] = []
-    worker = InboxWorker(engine, runner, before_turn=lambda platform, target: seen.append((platform, target)))
+    worker = InboxWorker(
+        engine, runner, before_turn=lambda platform, target: seen.append((platform, target.to_json()))
+    )
     assert await worker.run_until_idle() == 1
     ((platform, target),) = seen
     assert platform == "telegram"

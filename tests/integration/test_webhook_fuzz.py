@@ -12,9 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import create_app
-from gateway.platforms.whatsapp import WhatsAppAdapter
-from gateway.settings import Settings
-from tests.helpers import replace_one_part, serve_in_thread
+from gateway.platforms.whatsapp.adapter import WhatsAppAdapter
+from tests.helpers import gateway_settings, replace_one_part, serve_in_thread
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 APP_SECRET = "wa-app-secret-for-fuzz"
@@ -45,7 +44,7 @@ def headers(platform: str, body: bytes) -> dict[str, str]:
 
 
 def test_mutated_real_payloads_are_always_acknowledged(migrated_url: str) -> None:
-    config = Settings(
+    config = gateway_settings(
         database_url=migrated_url, whatsapp_app_secret=APP_SECRET, telegram_secret_token=TG_SECRET
     )
     with serve_in_thread(create_app(config)) as base, httpx.Client(base_url=base, timeout=30) as client:
