@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,7 +15,8 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.bootstrap import Services, build_services, freeze_startup_objects, tune_interpreter, turn_kinds
 from gateway.logs import configure_logging
-from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, SENDING_SETTING, sends_for_real
+from gateway.platforms.registry import PLATFORMS, settings_groups
+from gateway.platforms.spec import PlatformSpec
 from gateway.settings import Settings, load_settings
 from gateway.store import migrations
 from gateway.store.engine import is_memory_sqlite, safe_url
@@ -34,14 +35,16 @@ _WEBHOOK_PREFIX = "/webhooks/"
 MIN_STRONG_TOKEN_LENGTH = 16  # a shorter admin token is accepted, with a warning
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
-    """Build the app for `settings`.
+def create_app(
+    settings: Settings | None = None, *, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS
+) -> Starlette:
+    """Build the app for `settings`, serving `platforms` (the registry's by default).
 
     Called without settings it is a process entry point (uvicorn's factory in each worker of
     `gateway serve --workers N`): it reads the settings and sets up logging itself.
     """
     if settings is None:
-        settings = load_settings()
+        settings = load_settings(settings_groups(platforms))
         configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
         tune_interpreter()
     metrics = HttpMetrics()
@@ -50,21 +53,19 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        services = build_services(settings)
+        services = build_services(settings, platforms)
         try:
             if is_memory_sqlite(database_url):
                 # Nobody else can see an in-memory database, so the app migrates its own.
                 await migrations.upgrade(services.database.engine)
             await services.start()
             freeze_startup_objects()
-            _log_platforms(settings, services)
+            _log_platforms(services)
             log.info("gateway_started", database=safe_url(database_url), schema_head=schema_head)
             webhooks = Webhooks(
-                adapters=services.adapters,
+                platforms=services.platforms,
                 ingest=services.ingest,
                 max_body_bytes=settings.max_body_bytes,
-                whatsapp_verify_token=_secret(settings.whatsapp_verify_token),
-                local_adapters=services.local_adapters,
                 on_pending=services.worker.wake,
                 turn_kinds=turn_kinds(settings),
             )
@@ -144,18 +145,17 @@ def _log_admin(admin: Admin) -> None:
     log.info("admin_enabled", routes="/api")
 
 
-def _log_platforms(settings: Settings, services: Services) -> None:
-    for platform in PLATFORMS:
-        if platform not in services.adapters:
+def _log_platforms(services: Services) -> None:
+    for name, platform in services.platforms.items():
+        spec = platform.spec
+        if not platform.enabled:
             log.info(
                 "platform_disabled",
-                platform=platform,
-                enable_with=ENABLING_SETTING[platform],
-                local_mode=platform in services.local_adapters,
+                platform=name,
+                enable_with=spec.enabling_variable,
+                local_mode=platform.local_adapter is not None,
             )
-        elif sends_for_real(settings, platform):
-            log.info("platform_enabled", platform=platform, sending="live")
+        elif spec.sends_for_real(platform.settings):
+            log.info("platform_enabled", platform=name, sending="live")
         else:
-            log.info(
-                "platform_enabled", platform=platform, sending="dry-run", send_with=SENDING_SETTING[platform]
-            )
+            log.info("platform_enabled", platform=name, sending="dry-run", send_with=spec.sending_variable)

@@ -1,4 +1,7 @@
-"""The composition root: the one place that turns settings into engines, clients and services."""
+"""The composition root: the one place that turns settings into engines, clients and services.
+
+Platforms come from their specs (`platforms`, the registry's by default): nothing here names one.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,11 @@ import asyncio
 import gc
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import structlog
@@ -21,9 +25,8 @@ from gateway.errors import SettingsError
 from gateway.http_client import http_client
 from gateway.platforms import local_key
 from gateway.platforms.base import PlatformAdapter, Sender
-from gateway.platforms.registry import PLATFORMS, enabled_adapters, local_adapters, webhook_secret
-from gateway.platforms.telegram_api import TelegramAPI, TelegramSender
-from gateway.platforms.whatsapp_api import WhatsAppSender
+from gateway.platforms.registry import PLATFORMS, by_name
+from gateway.platforms.spec import ConfiguredPlatform, PlatformSettings, PlatformSpec
 from gateway.settings import Settings
 from gateway.store.database import Database
 from gateway.store.ingest import Ingest
@@ -48,8 +51,7 @@ class Services:
 
     settings: Settings
     database: Database
-    adapters: dict[str, PlatformAdapter]
-    local_adapters: dict[str, PlatformAdapter]  # the local mode's, for platforms without a secret
+    platforms: dict[str, ConfiguredPlatform]  # each platform's spec, settings and webhook adapters
     ingest: Ingest
     worker: InboxWorker
     delivery: OutboxDelivery
@@ -73,19 +75,19 @@ class Services:
         await self.database.aclose()
 
 
-def build_services(settings: Settings) -> Services:
+def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS) -> Services:
     """Everything `gateway serve` runs (and `gateway worker`, which leaves the webhooks out)."""
+    by_name(platforms)  # ValueError for two platforms of one name, before anything is built
     database = Database.open(settings.database_url)
     http = http_client(HTTP_TIMEOUT_SECONDS)
-    delivery = OutboxDelivery(database, build_senders(settings, http), pacing=build_pacing(settings))
+    delivery = build_delivery(settings, database, http, platforms)
     ingest = Ingest(database, timedelta(hours=settings.dedup_ttl_hours))
     runner = build_runner(settings, database)
-    worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy)
+    worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy, platforms=platforms)
     return Services(
         settings=settings,
         database=database,
-        adapters=enabled_adapters(settings),
-        local_adapters=build_local_adapters(settings),
+        platforms=build_webhook_platforms(settings, platforms),
         ingest=ingest,
         worker=worker,
         delivery=delivery,
@@ -93,10 +95,33 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-def build_local_adapters(settings: Settings) -> dict[str, PlatformAdapter]:
+def platform_settings(settings: Settings, spec: PlatformSpec[Any]) -> PlatformSettings:
+    """The platform's settings group (SettingsError naming the variable when it is bad)."""
+    model: type[PlatformSettings] = spec.settings
+    return settings.group(spec.name, model)
+
+
+def build_webhook_platforms(
+    settings: Settings, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS
+) -> dict[str, ConfiguredPlatform]:
+    """Each platform for its webhook route: enabled (an adapter checking its secret) when the secret
+    is configured, else disabled, with the local mode's adapter when that is on."""
+    local = build_local_adapters(settings, platforms)
+    built = {}
+    for spec in platforms:
+        group = platform_settings(settings, spec)
+        secret = spec.webhook_secret(group)
+        adapter = None if secret is None else spec.adapter(group, secret)
+        built[spec.name] = ConfiguredPlatform(spec, group, adapter, local.get(spec.name))
+    return built
+
+
+def build_local_adapters(
+    settings: Settings, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS
+) -> dict[str, PlatformAdapter]:
     """The local mode (see `gateway.platforms.local_key`): off when turned off, or when the key
     file cannot be written (a read-only container), since it is only a convenience."""
-    disabled = [platform for platform in PLATFORMS if webhook_secret(settings, platform) is None]
+    disabled = [spec for spec in platforms if spec.webhook_secret(platform_settings(settings, spec)) is None]
     if not settings.local_key_file or not disabled:
         return {}
     path = Path(settings.local_key_file)
@@ -105,8 +130,23 @@ def build_local_adapters(settings: Settings) -> dict[str, PlatformAdapter]:
     except (OSError, ValueError) as exc:
         log.warning("local_mode_off", key_file=str(path), reason=str(exc))
         return {}
-    log.info("local_mode_on", platforms=disabled, key_file=str(path))
-    return local_adapters(settings, key)
+    log.info("local_mode_on", platforms=[spec.name for spec in disabled], key_file=str(path))
+    return {spec.name: spec.adapter(platform_settings(settings, spec), key) for spec in disabled}
+
+
+def build_delivery(
+    settings: Settings,
+    database: Database,
+    http: httpx.AsyncClient,
+    platforms: Sequence[PlatformSpec[Any]] = PLATFORMS,
+) -> OutboxDelivery:
+    """Outbox delivery through each platform's sender, paced by each platform's rule."""
+    return OutboxDelivery(
+        database,
+        build_senders(settings, http, platforms),
+        pacing=build_pacing(settings, platforms),
+        platforms=platforms,
+    )
 
 
 def tune_interpreter() -> None:
@@ -128,32 +168,29 @@ def build_worker(
     runner: Runner,
     delivery: OutboxDelivery,
     busy: Callable[[], bool] = lambda: False,
+    platforms: Sequence[PlatformSpec[Any]] = PLATFORMS,
 ) -> InboxWorker:
     """The inbox worker, waking `delivery` after each turn (and starting the typing indicator if set)."""
-    worker = InboxWorker(database, runner, on_committed=delivery.wake, busy=busy)
+    worker = InboxWorker(database, runner, on_committed=delivery.wake, busy=busy, platforms=platforms)
     if settings.typing_indicator:
         worker.before_turn = delivery.indicate_typing
     return worker
 
 
-def build_pacing(settings: Settings) -> PacingLimits:
-    return PacingLimits(
-        settings.telegram_chat_per_second,
-        settings.telegram_group_per_minute,
-        settings.telegram_global_per_second,
-        settings.whatsapp_global_per_second,
-    )
+def build_pacing(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS) -> PacingLimits:
+    """Each platform's rate limits, as its spec's pacing rule reads them from its settings."""
+    return PacingLimits({spec.name: spec.pacing(platform_settings(settings, spec)) for spec in platforms})
 
 
-def build_senders(settings: Settings, http: httpx.AsyncClient) -> dict[str, Sender]:
+def build_senders(
+    settings: Settings, http: httpx.AsyncClient, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS
+) -> dict[str, Sender]:
     """A sender per platform that has its sending token; the others are dry-run."""
     senders: dict[str, Sender] = {}
-    if settings.telegram_bot_token is not None:
-        api = TelegramAPI(settings.telegram_bot_token.get_secret_value(), settings.telegram_api_base, http)
-        senders["telegram"] = TelegramSender(api)
-    if settings.whatsapp_access_token is not None:
-        token = settings.whatsapp_access_token.get_secret_value()
-        senders["whatsapp"] = WhatsAppSender(settings.whatsapp_api_base, token, http)
+    for spec in platforms:
+        sender = spec.sender(platform_settings(settings, spec), http)
+        if sender is not None:
+            senders[spec.name] = sender
     return senders
 
 

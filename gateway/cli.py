@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -19,13 +19,22 @@ from alembic.util.exc import CommandError
 
 from gateway.agents import ModelError
 from gateway.app import create_app
-from gateway.bootstrap import build_runner, build_services, load_agent, tune_interpreter, turn_kinds
+from gateway.bootstrap import (
+    build_runner,
+    build_services,
+    load_agent,
+    platform_settings,
+    tune_interpreter,
+    turn_kinds,
+)
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.http_client import http_client
 from gateway.logs import configure_logging
-from gateway.platforms import local_key, simulated
-from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS, telegram_bot_id, webhook_secret
-from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError
+from gateway.platforms import local_key
+from gateway.platforms.registry import PLATFORMS, by_name, settings_groups
+from gateway.platforms.spec import PlatformSpec
+from gateway.platforms.telegram.api import TelegramAPI, TelegramAPIError
+from gateway.platforms.telegram.spec import TELEGRAM, TelegramSettings
 from gateway.settings import Settings, load_settings, unknown_env_settings
 from gateway.store import dedup, inbox, migrations, sessions
 from gateway.store.database import FAILURE_ERRORS, Database
@@ -51,7 +60,7 @@ class CommandFailed(Exception):
     """A command failed in a way the user can act on; its message is the one line printed."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(platforms: Sequence[PlatformSpec[Any]]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gateway", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -82,9 +91,10 @@ def _parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser(
         "simulate", help="send a signed webhook to a running gateway and print the reply"
     )
-    simulate.add_argument("platform", choices=PLATFORMS)
+    simulate.add_argument("platform", choices=[spec.name for spec in platforms])
     simulate.add_argument("text", help="the message")
-    simulate.add_argument("--user", help="sender: a Telegram user id or a WhatsApp phone number")
+    defaults = ", ".join(f"{spec.name} {spec.simulate_user}" for spec in platforms)
+    simulate.add_argument("--user", help=f"sender: the user's id on the platform (default: {defaults})")
     simulate.add_argument("--url", help="the gateway (default: http://GATEWAY_HOST:GATEWAY_PORT)")
     simulate.add_argument(
         "--timeout", type=float, default=30, help="seconds to wait for the reply (default 30)"
@@ -142,15 +152,17 @@ def _positive_int(value: str) -> int:
     return number
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS) -> int:
+    """The command; `platforms` are those it knows (the registry's)."""
+    args = _parser(platforms).parse_args(argv)
+    groups = settings_groups(platforms)
     try:
-        settings = load_settings()
+        settings = load_settings(groups)
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
-    for name in unknown_env_settings():
+    for name in unknown_env_settings(groups):
         log.warning("unknown_setting_ignored", variable=name)
     try:
         if args.command == "serve":
@@ -159,9 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_telegram(settings, args))
         if args.command == "worker":
             load_agent(settings.agent)
-            return asyncio.run(_worker(settings))
+            return asyncio.run(_worker(settings, platforms))
         if args.command == "simulate":
-            return _with_database(settings, lambda database: _simulate(settings, database, args))
+            spec = by_name(platforms)[args.platform]
+            return _with_database(settings, lambda database: _simulate(settings, database, args, spec))
         if args.command == "chat":
             return _with_database(settings, lambda database: _chat(settings, database, args.session))
         if args.command == "dedup":
@@ -225,27 +238,23 @@ async def _chat(settings: Settings, database: Database, session_id: str | None) 
         print(f"{result.agent_name}> {result.content}")
 
 
-async def _simulate(settings: Settings, database: Database, args: argparse.Namespace) -> int:
-    """Post what the platform would, then wait in the database for the turn's replies.
+async def _simulate(
+    settings: Settings, database: Database, args: argparse.Namespace, spec: PlatformSpec[Any]
+) -> int:
+    """Post what the platform would (its spec's builder), then wait in the database for the turn's replies.
 
     Signs with the platform's configured secret, or else with the local mode's key (which the
     gateway accepts only from loopback clients).
     """
-    platform: str = args.platform
-    secret = webhook_secret(settings, platform)
+    group = platform_settings(settings, spec)
+    secret = spec.webhook_secret(group)
     if secret is None:
-        secret = _local_key(settings, platform)
+        secret = _local_key(settings, spec)
     try:
-        webhook = simulated.build(
-            platform,
-            args.text,
-            args.user or simulated.DEFAULT_USER[platform],
-            secret,
-            telegram_bot_id(settings),
-        )
+        webhook = spec.simulate(args.text, args.user or spec.simulate_user, secret, group)
     except ValueError as exc:
         raise SettingsError(f"invalid --user {args.user!r}: {exc}") from None
-    url = f"{(args.url or _local_url(settings)).rstrip('/')}/webhooks/{platform}"
+    url = f"{(args.url or _local_url(settings)).rstrip('/')}/webhooks/{spec.name}"
     async with http_client(timeout=10) as client:
         try:
             response = await client.post(url, content=webhook.body, headers=webhook.headers)
@@ -270,15 +279,15 @@ async def _simulate(settings: Settings, database: Database, args: argparse.Names
     return EXIT_OK
 
 
-def _local_key(settings: Settings, platform: str) -> str:
-    enabling = ENABLING_SETTING[platform]
+def _local_key(settings: Settings, spec: PlatformSpec[Any]) -> str:
+    enabling = spec.enabling_variable
     if not settings.local_key_file:
         raise SettingsError(f"invalid setting {enabling}: needed when the local mode is off")
     try:
         return local_key.read(Path(settings.local_key_file))
     except (OSError, ValueError):
         raise CommandFailed(
-            f"{platform} has no secret ({enabling}) and there is no local key at {settings.local_key_file}:"
+            f"{spec.name} has no secret ({enabling}) and there is no local key at {settings.local_key_file}:"
             " start `gateway serve` in this directory first (it creates the key)"
         ) from None
 
@@ -289,13 +298,13 @@ def _local_url(settings: Settings) -> str:
     return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
 
 
-async def _worker(settings: Settings) -> int:
+async def _worker(settings: Settings, platforms: Sequence[PlatformSpec[Any]]) -> int:
     """Answer inbox rows and deliver replies until SIGTERM or Ctrl-C; rows in flight are handed back.
 
     The same services as `gateway serve` builds (one Database, so one SQLite writer), without HTTP.
     """
     tune_interpreter()
-    services = build_services(settings)
+    services = build_services(settings, platforms)
     try:
         await migrations.ensure_head(services.database)
         stop = asyncio.Event()
@@ -315,16 +324,16 @@ async def _worker(settings: Settings) -> int:
 
 
 async def _telegram(settings: Settings, args: argparse.Namespace) -> int:
-    if settings.telegram_bot_token is None or settings.telegram_secret_token is None:
-        raise SettingsError(
-            "invalid setting GATEWAY_TELEGRAM_BOT_TOKEN / GATEWAY_TELEGRAM_SECRET_TOKEN: both are needed"
-        )
+    telegram = settings.group(TELEGRAM.name, TelegramSettings)
+    if telegram.bot_token is None or telegram.secret_token is None:
+        both = f"{TELEGRAM.sending_variable} / {TELEGRAM.enabling_variable}"
+        raise SettingsError(f"invalid setting {both}: both are needed")
     async with http_client(timeout=30) as client:
-        api = TelegramAPI(settings.telegram_bot_token.get_secret_value(), settings.telegram_api_base, client)
+        api = TelegramAPI(telegram.bot_token.get_secret_value(), telegram.api_base, client)
         try:
             if args.telegram_command == "set-webhook":
                 url = _telegram_webhook_url(args.url)
-                secret = settings.telegram_secret_token.get_secret_value()
+                secret = telegram.secret_token.get_secret_value()
                 await api.set_webhook(url, secret, drop_pending_updates=args.drop_pending)
                 print(f"webhook set to {url}")
             else:

@@ -1,8 +1,13 @@
 """Typed settings, read once at start-up: defaults < TOML file < GATEWAY_* environment variables.
 
 The TOML file is flat: each key is a field name below, and its environment variable is
-``GATEWAY_`` + the key in upper case. Fields holding secrets are ``SecretStr`` so they never
-print; ``Settings.secret_values()`` feeds the log redactor.
+``GATEWAY_`` + the key in upper case. A platform adds a settings group of its own (its spec's
+settings model, see gateway.platforms.spec): field ``f`` of platform ``p`` is the key ``p_f`` (or
+``f`` in a ``[p]`` table) and the variable ``GATEWAY_P_F``. Fields holding secrets are ``SecretStr``
+so they never print; ``Settings.secret_values()`` feeds the log redactor.
+
+This module knows no platform: whoever loads the settings passes the groups to read (the CLI and
+the app pass the registry's).
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ import os
 import re
 import sys
 import tomllib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -82,24 +88,6 @@ class Settings(BaseSettings):
         description="The starting agent, as module:attribute.",
     )
 
-    whatsapp_verify_token: SecretStr | None = Field(
-        default=None, description="The Verify token entered in Meta's App Dashboard (GET handshake)."
-    )
-    whatsapp_app_secret: SecretStr | None = Field(
-        default=None, description="App secret that signs webhooks; WhatsApp is disabled without it."
-    )
-    whatsapp_access_token: SecretStr | None = Field(
-        default=None, description="Token for sending; without it replies are dry-run (logged, not sent)."
-    )
-    whatsapp_api_base: str = Field(default="https://graph.facebook.com/v26.0", description="Graph API base.")
-    telegram_bot_token: SecretStr | None = Field(
-        default=None, description="Bot token from @BotFather; without it replies are dry-run."
-    )
-    telegram_secret_token: SecretStr | None = Field(
-        default=None,
-        description="secret_token given to setWebhook; Telegram is disabled without it.",
-    )
-    telegram_api_base: str = Field(default="https://api.telegram.org", description="Bot API base.")
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest webhook body accepted (413 above)."
     )
@@ -110,14 +98,6 @@ class Settings(BaseSettings):
     turn_kinds: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_TURN_KIND_NAMES),
         description="Message kinds that start an agent turn; the others are only recorded.",
-    )
-    telegram_chat_per_second: float = Field(default=1, ge=0, description="Sends per private chat per second.")
-    telegram_group_per_minute: float = Field(default=20, ge=0, description="Sends per group chat per minute.")
-    telegram_global_per_second: float = Field(
-        default=30, ge=0, description="Telegram sends per second overall."
-    )
-    whatsapp_global_per_second: float = Field(
-        default=80, ge=0, description="WhatsApp sends per second overall."
     )
     typing_indicator: bool = Field(
         default=False,
@@ -140,33 +120,13 @@ class Settings(BaseSettings):
             return value
         raise ValueError("must be 'scripted' or 'openai:<model>'")
 
-    @field_validator(
-        "openai_api_key",
-        "whatsapp_verify_token",
-        "whatsapp_app_secret",
-        "whatsapp_access_token",
-        "telegram_bot_token",
-        "telegram_secret_token",
-        "admin_token",
-        mode="before",
-    )
+    # The platforms' settings groups (GATEWAY_TELEGRAM_*, ...), loaded with these settings: see `group`.
+    _groups: dict[str, BaseSettings] = PrivateAttr(default_factory=dict)
+
+    @field_validator("openai_api_key", "admin_token", mode="before")
     @classmethod
     def _empty_key_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
-
-    @field_validator("telegram_secret_token")
-    @classmethod
-    def _check_telegram_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,256}", value.get_secret_value()):
-            raise ValueError("must be 1-256 characters of A-Z, a-z, 0-9, _ and - (Telegram's rule)")
-        return value
-
-    @field_validator("telegram_bot_token")
-    @classmethod
-    def _check_bot_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not re.fullmatch(r"\d+:[A-Za-z0-9_-]+", value.get_secret_value()):
-            raise ValueError("is not a bot token of the form <digits>:<secret> (see @BotFather)")
-        return value
 
     @field_validator("admin_token")
     @classmethod
@@ -175,7 +135,7 @@ class Settings(BaseSettings):
             raise ValueError("must be visible ASCII characters without spaces (it is sent in an HTTP header)")
         return value
 
-    @field_validator("openai_base_url", "whatsapp_api_base", "telegram_api_base")
+    @field_validator("openai_base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
@@ -222,13 +182,33 @@ class Settings(BaseSettings):
             return "console" if sys.stderr.isatty() else "json"
         return self.log_format
 
+    def group(self, name: str, model: type[G]) -> G:
+        """The settings group `name` (a platform's, e.g. GATEWAY_TELEGRAM_*) as a `model`.
+
+        The one loaded with these settings (`load_settings`, `settings_from`); for settings built
+        directly, the group is read from the environment and defaults the first time it is asked for.
+        SettingsError naming the variable when a value is bad.
+        """
+        found = self._groups.get(name)
+        if found is None:
+            found = _load_group(name, model, {}, None)
+            self._groups[name] = found
+        if not isinstance(found, model):
+            raise TypeError(f"settings group {name!r} is a {type(found).__name__}, not a {model.__name__}")
+        return found
+
+    def with_groups(self, groups: Mapping[str, BaseSettings]) -> Settings:
+        """A copy holding these settings groups as well (replacing groups of the same name)."""
+        copy = self.model_copy()
+        copy._groups = {**self._groups, **groups}
+        return copy
+
     def secret_values(self) -> list[str]:
-        """Every secret this configuration holds, for the log redactor (a URL's password included)."""
-        secrets = []
-        for name in type(self).model_fields:
-            value = getattr(self, name)
-            if isinstance(value, SecretStr) and value.get_secret_value():
-                secrets.append(value.get_secret_value())
+        """Every secret this configuration holds, its groups' too, for the log redactor (a URL's password
+        included)."""
+        secrets = _secrets_of(self)
+        for group in self._groups.values():
+            secrets.extend(_secrets_of(group))
         password = make_url(self.database_url).password
         if password:
             secrets.append(password)
@@ -247,19 +227,33 @@ class Settings(BaseSettings):
         return env_settings, init_settings
 
 
+G = TypeVar("G", bound=BaseSettings)
+# A settings group's model, by group name: what a platform adds to the settings (see gateway.platforms).
+Groups = Mapping[str, type[BaseSettings]]
+
+
+def _is_secret(annotation: Any) -> bool:
+    return annotation is SecretStr or SecretStr in get_args(annotation)
+
+
+def _secrets_of(model: BaseSettings) -> list[str]:
+    values = (getattr(model, name) for name in type(model).model_fields)
+    return [v.get_secret_value() for v in values if isinstance(v, SecretStr) and v.get_secret_value()]
+
+
 # Settings whose input is never echoed in an error message (a database URL may hold a password).
 SECRET_FIELDS = frozenset(
-    {"database_url"}
-    | {
-        name
-        for name, f in Settings.model_fields.items()
-        if SecretStr in (f.annotation, *get_args(f.annotation))
-    }
+    {"database_url"} | {name for name, f in Settings.model_fields.items() if _is_secret(f.annotation)}
 )
 
 
 def env_name(field: str) -> str:
     return f"{ENV_PREFIX}{field.upper()}"
+
+
+def group_env_name(model: type[BaseSettings], field: str) -> str:
+    """The environment variable of a group's field: the group's prefix (GATEWAY_TELEGRAM_) + the field."""
+    return f"{model.model_config.get('env_prefix') or ''}{field}".upper()
 
 
 def _config_path() -> tuple[Path, bool]:
@@ -284,34 +278,131 @@ def _read_file(path: Path, required: bool) -> dict[str, Any]:
         raise SettingsError(f"config file {path}: not valid TOML: {exc}") from None
 
 
-def _describe(error: Any, path: Path, file_keys: set[str]) -> str:
+def _describe(
+    error: Any,
+    path: Path | None,
+    keys: Mapping[str, str],
+    env: Callable[[str], str],
+    secret: Callable[[str], bool],
+) -> str:
+    """One line naming the setting: its variable when set there, else its key in the file.
+
+    `keys` maps the fields given as values to the key they were given as; `env` names a field's
+    variable; `secret` says whether a field's input must not be echoed.
+    """
     field = str(error["loc"][0]) if error["loc"] else "?"
+    key = keys.get(field, field)
+    in_file = f" in config file {path}" if path is not None else ""
     if error["type"] == "extra_forbidden":
-        return f"unknown setting {field!r} in config file {path}"
-    env = env_name(field)
-    if env in {key.upper() for key in os.environ}:
-        where = f"{env} (environment)"
-    elif field in file_keys:
-        where = f"{field} in {path}"
+        return f"unknown setting {key!r}{in_file}"
+    variable = env(field)
+    if variable in {name.upper() for name in os.environ}:
+        where = f"{variable} (environment)"
+    elif field in keys and path is not None:
+        where = f"{key} in {path}"
     else:
-        where = env
+        where = variable
     message = str(error["msg"]).removeprefix("Value error, ")
     # Secret values are never echoed back; other inputs help spot a typo.
-    shown = "" if field in SECRET_FIELDS else f" (got {error['input']!r})"
+    shown = "" if secret(field) else f" (got {error['input']!r})"
     return f"invalid setting {where}: {message}{shown}"
 
 
-def load_settings() -> Settings:
-    """Read the configuration once; any problem raises SettingsError naming the setting."""
-    path, required = _config_path()
-    file_values = _read_file(path, required)
+def _load_group(
+    name: str,
+    model: type[G],
+    values: Mapping[str, Any],
+    path: Path | None,
+    keys: Mapping[str, str] | None = None,
+) -> G:
+    """One group from the file's `values` (by field), under the environment; SettingsError naming
+    the setting."""
     try:
-        return Settings(**file_values)
+        return model(**values)
     except ValidationError as exc:
-        raise SettingsError(_describe(exc.errors()[0], path, set(file_values))) from None
+        fields = model.model_fields
+
+        def secret(field: str) -> bool:
+            return field in fields and _is_secret(fields[field].annotation)
+
+        given = keys if keys is not None else {field: f"{name}_{field}" for field in values}
+        raise SettingsError(
+            _describe(exc.errors()[0], path, given, lambda f: group_env_name(model, f), secret)
+        ) from None
 
 
-def unknown_env_settings() -> list[str]:
-    """GATEWAY_* variables that name no setting: most likely typos, worth a warning."""
+def _split(
+    values: Mapping[str, Any], groups: Groups, path: Path | None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], dict[str, dict[str, str]]]:
+    """The global settings' values, each group's values by field, and the key each group field was given as.
+
+    A group's field `f` is the flat key `<group>_f` (the names the settings always had) or `f` in a
+    `[<group>]` table; any other key is the global settings' (which refuse the unknown ones).
+    """
+    own: dict[str, Any] = {}
+    grouped: dict[str, dict[str, Any]] = {name: {} for name in groups}
+    keys: dict[str, dict[str, str]] = {name: {} for name in groups}
+
+    def put(name: str, field: str, value: Any, key: str) -> None:
+        if field in grouped[name]:
+            where = f" in config file {path}" if path is not None else ""
+            raise SettingsError(f"setting {key!r} is given twice{where} (as {keys[name][field]!r} too)")
+        grouped[name][field] = value
+        keys[name][field] = key
+
+    for key, value in values.items():
+        if key in groups and isinstance(value, dict):
+            for field, item in value.items():
+                put(key, str(field), item, f"{key}.{field}")
+            continue
+        owner = None if key in Settings.model_fields else _group_of(key, groups)
+        if owner is None:
+            own[key] = value
+        else:
+            put(owner, key[len(owner) + 1 :], value, key)
+    return own, grouped, keys
+
+
+def _group_of(key: str, groups: Groups) -> str | None:
+    for name, model in groups.items():
+        if key.startswith(f"{name}_") and key[len(name) + 1 :] in model.model_fields:
+            return name
+    return None
+
+
+def settings_from(
+    values: Mapping[str, Any], groups: Groups | None = None, *, path: Path | None = None
+) -> Settings:
+    """Settings from flat values (a config file's, or a caller's), with their groups.
+
+    Keys of a group (`telegram_bot_token`, or a `[telegram]` table) go to that group; the environment
+    wins over every value. Any problem raises SettingsError naming the setting.
+    """
+    groups = groups or {}
+    own, grouped, keys = _split(values, groups, path)
+    try:
+        settings = Settings(**own)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise SettingsError(
+            _describe(error, path, {k: k for k in own}, env_name, SECRET_FIELDS.__contains__)
+        ) from None
+    loaded = {
+        name: _load_group(name, model, grouped[name], path, keys[name]) for name, model in groups.items()
+    }
+    return settings.with_groups(loaded)
+
+
+def load_settings(groups: Groups | None = None) -> Settings:
+    """Read the configuration once, with the given settings groups (the platforms'); any problem
+    raises SettingsError naming the setting."""
+    path, required = _config_path()
+    return settings_from(_read_file(path, required), groups, path=path)
+
+
+def unknown_env_settings(groups: Groups | None = None) -> list[str]:
+    """GATEWAY_* variables that name no setting (of the global settings or of a group): most likely typos."""
     known = {env_name(name) for name in Settings.model_fields} | NON_SETTING_ENV
+    for model in (groups or {}).values():
+        known |= {group_env_name(model, field) for field in model.model_fields}
     return sorted(k for k in os.environ if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)

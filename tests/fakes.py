@@ -8,6 +8,7 @@ only use thread-safe containers (deque appends and pops, list appends).
 - `FakeOpenAI`: an OpenAI-compatible Chat Completions server (`POST /v1/chat/completions`).
 - `FakeTelegram`: the Bot API (`POST /bot<token>/<method>`).
 - `FakeWhatsApp`: the Graph API's send endpoint (`POST /<phone_number_id>/messages`).
+- `FakePlatform`: any platform's API, every POST answered from a script (the contract tests').
 """
 
 from __future__ import annotations
@@ -228,3 +229,25 @@ class FakeWhatsApp:
             return JSONResponse({"success": True})
         wamid = f"wamid.out{len(self.requests)}"
         return JSONResponse({"messaging_product": "whatsapp", "messages": [{"id": wamid}]})
+
+
+class FakePlatform:
+    """Any platform's API: every POST, whatever its path, is recorded and answered with the next
+    scripted answer, or `default` when none is left. The contract tests script each platform's own
+    answers (success, throttled, unavailable, refused) from its kit."""
+
+    def __init__(self, default: ScriptedResponse) -> None:
+        self.default = default
+        self.answers: deque[ScriptedResponse] = deque()
+        self.requests: list[RecordedRequest] = []
+
+    @property
+    def app(self) -> Starlette:
+        return Starlette(routes=[Route("/{path:path}", self._handle, methods=["POST"])])
+
+    async def _handle(self, request: Request) -> Response:
+        raw = await request.body()
+        payload: Any = json.loads(raw) if raw else None
+        self.requests.append(RecordedRequest("POST", request.url.path, dict(request.headers), payload))
+        answer = self.answers.popleft() if self.answers else self.default
+        return JSONResponse(answer.body, answer.status, headers=dict(answer.headers))

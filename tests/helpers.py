@@ -23,6 +23,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from starlette.types import ASGIApp
 
+from gateway.platforms.registry import settings_groups
+from gateway.settings import Settings, settings_from
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GATEWAY = str(Path(sys.executable).with_name("gateway"))
 T = TypeVar("T")
@@ -57,6 +60,12 @@ def serve_in_thread(app: ASGIApp) -> Iterator[str]:
         thread.join(timeout=10)
         sock.close()
         assert not thread.is_alive(), "the test server did not stop"
+
+
+def gateway_settings(**values: Any) -> Settings:
+    """Settings as a config file with these keys would give them: the platforms' keys included
+    (`telegram_secret_token=...` is the Telegram group's `secret_token`)."""
+    return settings_from(values, settings_groups())
 
 
 def gateway_env(**settings: str) -> dict[str, str]:

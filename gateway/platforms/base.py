@@ -1,7 +1,7 @@
 """What every platform adapter does on the inbound side, and what its sender does on the outbound side.
 
-Adding a platform is one module here, one settings group, one registry line and payload fixtures;
-the webhook routes and the contract tests are generic over the registry.
+A platform's spec (spec.py) says how to build both; the webhook routes, the worker and the contract
+tests are generic over the registry.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from gateway.domain.inbound import ParsedUpdate
+from gateway.domain.outbound import OutboundMessage, ReplyTarget
 from gateway.errors import GatewayError
 
 
@@ -46,15 +47,19 @@ class DeliveryError(GatewayError):
 
 
 class Sender(Protocol):
-    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
-        """Deliver one outbox row; the platform's message id when it gives one. DeliveryError otherwise."""
+    async def send(self, message: OutboundMessage) -> str | None:
+        """Deliver one outbound message; the platform's message id when it gives one.
+
+        DeliveryError otherwise: `permanent` when retrying cannot help (a 4xx other than 429),
+        transient for throttling, server errors and network failures.
+        """
         ...
 
-    async def indicate_typing(self, target: dict[str, Any]) -> None:
-        """Show "typing…" where a reply to `target` (an outbox row's target) will go.
+    async def indicate_typing(self, target: ReplyTarget) -> None:
+        """Show "typing…" where a reply to `target` will go.
 
         Best effort: never raises; failures are logged (without secrets) and otherwise ignored.
         Telegram's indicator lasts about 5 s (repeat every ~4 s during a long turn); WhatsApp's also
-        marks the inbound message `target["reply_to"]` read and lasts until the reply or 25 s.
+        marks the inbound message `target.reply_to` read and lasts until the reply or 25 s.
         """
         ...

@@ -29,6 +29,7 @@ from gateway.store.sqlite_thread import to_sqlite_datetime
 from gateway.store.tables import OutboxRow
 
 ROWS_PER_STATEMENT = 64  # rows per multi-row insert; far below SQLite's limits
+_KINDS = frozenset(kind.value for kind in OutboundKind)
 _CLAIMED = ("platform", "session_id", "kind", "text", "target_json", "attempts")
 # A status only moves a row forward: a late "delivered" does not undo "read"; "failed" always applies.
 _STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
@@ -37,9 +38,10 @@ _STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
 @dataclass(frozen=True)
 class ClaimedReply:
     id: int
-    message: OutboundMessage
+    message: OutboundMessage | None  # None for a kind this version does not know (see `kind`)
     attempts: int
     reachable: bool = True  # False once the platform said the bot was removed from (or blocked in) the chat
+    kind: str = ""
 
 
 # --- a turn's replies ------------------------------------------------------------------------------
@@ -202,9 +204,10 @@ async def claim(
     for row_id, platform, session_id, kind, text, target_json, attempts in rows:
         target_type = targets.get(platform, ReplyTarget)
         target = target_type.from_json(target_json if isinstance(target_json, dict) else {})
-        message = OutboundMessage(platform, session_id, OutboundKind(kind), target, text)
+        known = kind in _KINDS
+        message = OutboundMessage(platform, session_id, OutboundKind(kind), target, text) if known else None
         reachable = (platform, target.chat_id) not in unreachable
-        claimed.append(ClaimedReply(row_id, message, attempts, reachable))
+        claimed.append(ClaimedReply(row_id, message, attempts, reachable, kind))
     return claimed
 
 

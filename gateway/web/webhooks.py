@@ -3,33 +3,35 @@
 Answers, in order of checks: unknown or disabled platform 404 (a disabled one is reached only in
 the local mode: a loopback client signing with the local key, see `gateway.platforms.local_key`);
 body over the limit 413 (not read whole); bad signature or secret 401 (nothing stored); invalid
-JSON or not an object 400; an update we do not act on 200; otherwise 200 once its dedup keys and
-inbox rows are committed, or 503 if the database could not take them (the platform retries).
-Nothing a client sends gives a 500.
+JSON or not an object 400; a platform's POST handshake (its spec's hook) its own answer, nothing
+stored; an update we do not act on 200; otherwise 200 once its dedup keys and inbox rows are
+committed, or 503 if the database could not take them (the platform retries). Nothing a client
+sends gives a 500. `GET /webhooks/{platform}` is the platform's GET handshake, 405 where it has none.
+
+Every platform is known only through its spec (gateway.platforms.spec): nothing here names one.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 import structlog
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, starts_turn
 from gateway.domain.text import without_lone_surrogates
 from gateway.logs import will_log
-from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.local_key import is_loopback
-from gateway.platforms.registry import ENABLING_SETTING, PLATFORMS
+from gateway.platforms.spec import ConfiguredPlatform, HandshakeReply, HandshakeRequest, PlatformSpec
 from gateway.store.ingest import Ingest
 from gateway.web.bodies import read_limited
 from gateway.web.errors import error_response, request_id_of
@@ -42,11 +44,9 @@ _logger = logging.getLogger(__name__)
 class Webhooks:
     """What the webhook routes need, built by the app's lifespan."""
 
-    adapters: dict[str, PlatformAdapter]
+    platforms: Mapping[str, ConfiguredPlatform]
     ingest: Ingest
     max_body_bytes: int
-    whatsapp_verify_token: str | None
-    local_adapters: dict[str, PlatformAdapter] = field(default_factory=dict)
     on_pending: Callable[[], None] = lambda: None  # wakes the worker when a turn is due
     turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS
 
@@ -76,14 +76,17 @@ def _json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
 async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str | None) -> bytes | Response:
     """The 200 body, or the error response."""
     platform = scope["path_params"]["platform"]
-    adapter = webhooks.adapters.get(platform)
+    known = webhooks.platforms.get(platform)
+    if known is None:
+        return _unknown(platform, rid)
+    adapter = known.adapter
     local = adapter is None
     if adapter is None:
         client = scope.get("client")
         host = client[0] if client else None
-        adapter = webhooks.local_adapters.get(platform) if is_loopback(host) else None
+        adapter = known.local_adapter if is_loopback(host) else None
         if adapter is None:
-            return _not_enabled(platform, rid)
+            return _disabled(known.spec, rid)
 
     body = await read_limited(scope, receive, webhooks.max_body_bytes)
     if body is None:
@@ -92,7 +95,7 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
         )
     if not adapter.verify(Headers(scope=scope), body):
         if local:
-            return _not_enabled(platform, rid)  # without the local key it stays disabled, also on loopback
+            return _disabled(known.spec, rid)  # without the local key it stays disabled, also on loopback
         log.warning("webhook_rejected", platform=platform, reason="signature")
         return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
     try:
@@ -101,6 +104,14 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
         return error_response(400, "invalid_json", rid, detail="the body is not valid JSON")
     if not isinstance(payload, dict):
         return error_response(400, "invalid_json", rid, detail="the body is not a JSON object")
+
+    hook = known.spec.handshake
+    if hook is not None and hook.method == "POST":
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        reply = hook.answer(known.settings, HandshakeRequest(query, payload))
+        if reply is not None:
+            log.info("webhook_handshake_answered", platform=platform, status=reply.status)
+            return _handshake_response(reply)
 
     parsed = adapter.parse(payload)
     if parsed.empty:
@@ -145,31 +156,35 @@ def _parse_json(body: bytes) -> Any:
 
 
 async def handshake(request: Request) -> Response:
-    """Meta's GET handshake: echo `hub.challenge` as plain text when mode and verify token are right."""
+    """GET /webhooks/{platform}: the platform's GET handshake (e.g. Meta's hub.challenge), 405 without one."""
     webhooks: Webhooks = request.state.webhooks
     platform = request.path_params["platform"]
     rid = request_id_of(request)
-    if platform in PLATFORMS and platform != "whatsapp":
-        return error_response(405, "method_not_allowed", rid, detail="use POST", headers={"Allow": "POST"})
-    if platform not in webhooks.adapters:
-        return _not_enabled(platform, rid)
-    params = request.query_params
-    expected = webhooks.whatsapp_verify_token
-    token = params.get("hub.verify_token") or ""
-    valid = (
-        expected is not None
-        and params.get("hub.mode") == "subscribe"
-        and hmac.compare_digest(token.encode(), expected.encode())
-    )
-    if not valid:
-        log.warning("webhook_handshake_refused", platform="whatsapp")
-        return PlainTextResponse("Forbidden", status_code=403)
-    return PlainTextResponse(params.get("hub.challenge") or "")
+    known = webhooks.platforms.get(platform)
+    if known is None:
+        return _unknown(platform, rid)
+    hook = known.spec.handshake
+    if hook is None or hook.method != "GET":
+        return _post_only(rid)
+    if not known.enabled:
+        return _disabled(known.spec, rid)
+    reply = hook.answer(known.settings, HandshakeRequest(dict(request.query_params)))
+    return _post_only(rid) if reply is None else _handshake_response(reply)
 
 
-def _not_enabled(platform: str, rid: str | None) -> Response:
-    """404 for a platform the gateway does not know, or one whose secret is not configured."""
-    if platform not in PLATFORMS:
-        return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
-    detail = f"{platform} is disabled: set {ENABLING_SETTING[platform]} to enable it"
+def _handshake_response(reply: HandshakeReply) -> Response:
+    return Response(reply.body, status_code=reply.status, media_type=reply.content_type)
+
+
+def _post_only(rid: str | None) -> Response:
+    return error_response(405, "method_not_allowed", rid, detail="use POST", headers={"Allow": "POST"})
+
+
+def _unknown(platform: str, rid: str | None) -> Response:
+    return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
+
+
+def _disabled(spec: PlatformSpec[Any], rid: str | None) -> Response:
+    """404 for a platform whose webhook secret is not configured, naming the setting that enables it."""
+    detail = f"{spec.name} is disabled: set {spec.enabling_variable} to enable it"
     return error_response(404, "platform_disabled", rid, detail=detail)

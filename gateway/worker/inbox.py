@@ -14,7 +14,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -22,8 +22,10 @@ import structlog
 
 from gateway.agents import Message, Runner
 from gateway.domain.messages import utcnow
-from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, TelegramTarget, WhatsAppTarget
+from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.domain.text import split_message
+from gateway.platforms.registry import PLATFORMS
+from gateway.platforms.spec import PlatformSpec, message_target
 from gateway.store import inbox
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage, LeaseLostError
@@ -51,14 +53,17 @@ class InboxWorker:
         on_committed: Callable[[], None] = lambda: None,
         busy: Callable[[], bool] = lambda: False,
         before_turn: Callable[[str, ReplyTarget], None] = lambda platform, target: None,
+        platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
     ) -> None:
         """`on_committed` runs after each committed turn (it wakes the delivery of the replies);
         `busy` says whether this process's webhooks are waiting for a commit; `before_turn` gets the
-        platform and reply target of each turn about to run (the typing indicator)."""
+        platform and reply target of each turn about to run (the typing indicator); `platforms`
+        build the reply targets."""
         self.database = database
         self.runner = runner
         self.on_committed = on_committed
         self.before_turn = before_turn
+        self.reply_targets: ReplyTargets = {spec.name: spec.reply_target for spec in platforms}
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -95,10 +100,10 @@ class InboxWorker:
 
         def commit_with(new_messages: list[Message]) -> TurnCompletion:
             reply = new_messages[-1].content or ""
-            return TurnCompletion(row.id, self.owner, _replies(row, reply))
+            return TurnCompletion(row.id, self.owner, _replies(row, reply, self.reply_targets))
 
         with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
-            self.before_turn(row.platform, _reply_target(row))
+            self.before_turn(row.platform, _reply_target(row, self.reply_targets))
             try:
                 await self.runner.run_async(row.session_id, row.text or "", metadata, commit_with=commit_with)
             except LeaseLostError:
@@ -142,29 +147,19 @@ class InboxWorker:
             log.warning("turn_failed", attempts=attempts, retry_in_s=round(delay, 1), error=error)
 
 
-def _reply_target(row: ClaimedMessage) -> ReplyTarget:
-    """Where the reply goes, read from the stored message: chat, topic, recipient, what it answers."""
-    message: dict[str, Any] = row.message
-    conversation = message.get("conversation") or {}
-    return _TARGETS.get(row.platform, ReplyTarget).from_json(
-        {
-            "chat_id": conversation.get("chat_id"),
-            "scope": conversation.get("scope"),
-            "thread_id": conversation.get("thread_id"),
-            "user_id": message.get("user_id"),
-            "phone": message.get("phone"),
-            "reply_to": message.get("message_id"),
-            "chat_type": message.get("chat_type"),
-            "callback_query_id": message.get("callback_query_id"),
-        }
-    )
+# Each platform's builder of reply targets from a stored message (its spec's `reply_target`).
+ReplyTargets = Mapping[str, Callable[[Mapping[str, Any]], ReplyTarget]]
 
 
-_TARGETS: dict[str, type[ReplyTarget]] = {"telegram": TelegramTarget, "whatsapp": WhatsAppTarget}
+def _reply_target(row: ClaimedMessage, builders: ReplyTargets) -> ReplyTarget:
+    """Where the reply goes, as the platform reads it from the stored message (chat, topic, recipient,
+    what it answers); a platform no spec knows any more gets just the chat and the message."""
+    build = builders.get(row.platform)
+    return build(row.message) if build is not None else message_target(ReplyTarget, row.message)
 
 
-def _replies(row: ClaimedMessage, reply: str) -> list[OutboundMessage]:
-    target = _reply_target(row)
+def _replies(row: ClaimedMessage, reply: str, builders: ReplyTargets) -> list[OutboundMessage]:
+    target = _reply_target(row, builders)
     entries = []
     if row.message.get("callback_query_id"):  # the user's spinner stops only when the query is answered
         entries.append(OutboundMessage(row.platform, row.session_id, OutboundKind.ANSWER_CALLBACK, target))

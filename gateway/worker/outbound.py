@@ -19,15 +19,17 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
 import structlog
 
 from gateway.domain.messages import utcnow
-from gateway.domain.outbound import OutboundKind, ReplyTarget, TelegramTarget, WhatsAppTarget
+from gateway.domain.outbound import OutboundKind, ReplyTarget
 from gateway.platforms.base import DeliveryError, Sender
+from gateway.platforms.registry import PLATFORMS
+from gateway.platforms.spec import PlatformSpec
 from gateway.store import outbox
 from gateway.store.database import Database
 from gateway.store.outbox import ClaimedReply
@@ -40,8 +42,6 @@ DEFAULT_CONCURRENCY = 16  # sends in flight at once
 LEASE_SECONDS = 60
 MAX_ATTEMPTS = 8
 BACKOFF_CAP_SECONDS = 600
-# Each platform's ReplyTarget type, to read stored targets back with.
-TARGET_TYPES: Mapping[str, type[ReplyTarget]] = {"telegram": TelegramTarget, "whatsapp": WhatsAppTarget}
 
 
 class OutboxDelivery:
@@ -54,13 +54,14 @@ class OutboxDelivery:
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
         pacing: PacingLimits | None = None,
-        targets: Mapping[str, type[ReplyTarget]] = TARGET_TYPES,
+        platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
     ) -> None:
-        """`pacing`: the platforms' rate limits to stay under (None: send as fast as claimed)."""
+        """`pacing`: the platforms' rate limits to stay under (None: send as fast as claimed);
+        `platforms`: their specs, whose target types read the rows' targets."""
         self.database = database
         self.senders = senders
         self.pacing = pacing
-        self.targets = targets
+        self.target_types = {spec.name: spec.target_type for spec in platforms}
         self._pacer = Pacer()
         self.max_attempts = max_attempts
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}:out"
@@ -83,7 +84,7 @@ class OutboxDelivery:
         sender = self.senders.get(platform)
         if sender is None:
             return
-        task = asyncio.create_task(sender.indicate_typing(_legacy_target(target)), name=f"typing-{platform}")
+        task = asyncio.create_task(sender.indicate_typing(target), name=f"typing-{platform}")
         self._typing.add(task)
         task.add_done_callback(self._typing.discard)
 
@@ -104,11 +105,15 @@ class OutboxDelivery:
 
     async def claim(self, limit: int) -> list[ClaimedReply]:
         return await outbox.claim(
-            self.database, self.owner, timedelta(seconds=LEASE_SECONDS), limit, self.targets
+            self.database, self.owner, timedelta(seconds=LEASE_SECONDS), limit, self.target_types
         )
 
     async def deliver(self, row: ClaimedReply) -> None:
         message = row.message
+        if message is None:  # a kind this version cannot send: retrying will not help
+            error = DeliveryError(f"unknown outbox kind {row.kind!r}", permanent=True)
+            await self._failed(row.id, row.attempts + 1, error)
+            return
         if not row.reachable:
             log.warning(
                 "reply_skipped_unreachable",
@@ -136,11 +141,11 @@ class OutboxDelivery:
             await self._finish(row.id, status="dry_run")
             return
         if self.pacing is not None and message.kind is OutboundKind.TEXT:
-            delay = self._pacer.reserve(self.pacing.limits(message.platform, _legacy_target(message.target)))
+            delay = self._pacer.reserve(self.pacing.limits(message.platform, message.target))
             if delay > 0:
                 await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
         try:
-            message_id = await sender.send(message.kind.value, message.text, _legacy_target(message.target))
+            message_id = await sender.send(message)
         except DeliveryError as exc:
             await self._failed(row.id, row.attempts + 1, exc)
             return
@@ -184,11 +189,3 @@ class OutboxDelivery:
             log.warning(
                 "reply_retry", outbox_id=row_id, code=exc.code, attempts=attempts, retry_in_s=round(delay, 1)
             )
-
-
-def _legacy_target(target: ReplyTarget) -> dict[str, Any]:
-    """The target as the senders read it until they take typed targets (the platform-spec change)."""
-    data = target.to_json()
-    if isinstance(target, TelegramTarget) and target.callback_query_id is not None:
-        data["id"] = target.callback_query_id
-    return data

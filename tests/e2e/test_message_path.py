@@ -32,7 +32,7 @@ from sqlalchemy import func, select
 from gateway.agents import Runner, SessionStore
 from gateway.demo import ORDERS
 from gateway.demo import agent as demo_agent
-from gateway.platforms.whatsapp import WhatsAppAdapter
+from gateway.platforms.whatsapp.adapter import WhatsAppAdapter
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow, MessageRow, OutboxRow, ProcessedMessageRow
 from tests.conftest import POSTGRES_ENV, POSTGRES_SKIP_REASON

@@ -15,16 +15,16 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.app import create_app
-from gateway.platforms.telegram_api import TelegramAPI, TelegramSender
-from gateway.platforms.whatsapp_api import WhatsAppSender
-from gateway.settings import Settings
+from gateway.domain.outbound import OutboundMessage, ReplyTarget
+from gateway.platforms.telegram.api import TelegramAPI, TelegramSender
+from gateway.platforms.whatsapp.api import WhatsAppSender
 from gateway.store import migrations
 from gateway.store.database import Database
 from gateway.store.engine import create_engine
 from gateway.store.tables import OutboxRow
 from gateway.worker.outbound import OutboxDelivery
 from tests.fakes import FakeTelegram, FakeWhatsApp
-from tests.helpers import serve_in_thread
+from tests.helpers import gateway_settings, serve_in_thread
 
 TOKEN = "123456:fake-token"
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
@@ -140,7 +140,7 @@ def telegram_round_trip(database_url: str, **settings: Any) -> FakeTelegram:
     fake = FakeTelegram(TOKEN)
     fake.results["sendMessage"] = {"message_id": 1}
     with serve_in_thread(fake.app) as telegram_base:
-        config = Settings(
+        config = gateway_settings(
             database_url=database_url,
             telegram_secret_token="s3cret",
             telegram_bot_token=TOKEN,
@@ -173,7 +173,7 @@ def test_with_the_typing_indicator_the_chat_sees_typing_while_the_turn_runs(data
 
 
 def test_whatsapp_statuses_move_the_sent_reply_forward_only(database_url: str) -> None:
-    from gateway.platforms.whatsapp import WhatsAppAdapter
+    from gateway.platforms.whatsapp.adapter import WhatsAppAdapter
 
     async def prepare() -> None:
         engine = create_engine(database_url)
@@ -210,7 +210,7 @@ def test_whatsapp_statuses_move_the_sent_reply_forward_only(database_url: str) -
         return json.dumps(payload).encode()
 
     asyncio.run(prepare())
-    settings = Settings(database_url=database_url, whatsapp_app_secret="app-secret")
+    settings = gateway_settings(database_url=database_url, whatsapp_app_secret="app-secret")
     with serve_in_thread(create_app(settings)) as gateway:
 
         def post(body: bytes) -> None:
@@ -249,7 +249,7 @@ def test_a_bot_kicked_from_a_chat_sends_nothing_there_until_it_is_back(database_
         return str(status)
 
     asyncio.run(prepare())
-    settings = Settings(database_url=database_url, telegram_secret_token="s3cret")
+    settings = gateway_settings(database_url=database_url, telegram_secret_token="s3cret")
     headers = {"X-Telegram-Bot-Api-Secret-Token": "s3cret"}
     with serve_in_thread(create_app(settings)) as gateway:
         assert httpx.post(f"{gateway}/webhooks/telegram", content=kicked, headers=headers).status_code == 200
@@ -281,15 +281,15 @@ class RecordingSender:
         self.expected = expected
         self.all_sent = asyncio.Event()
 
-    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
+    async def send(self, message: OutboundMessage) -> str | None:
         await asyncio.sleep(0)  # a network call suspends: let other sends interleave
-        chat = self.sent.setdefault(str(target["chat_id"]), [])
-        chat.append(text)
+        chat = self.sent.setdefault(message.target.chat_id, [])
+        chat.append(message.text)
         if sum(len(texts) for texts in self.sent.values()) == self.expected:
             self.all_sent.set()
-        return f"{target['chat_id']}:{len(chat)}"
+        return f"{message.target.chat_id}:{len(chat)}"
 
-    async def indicate_typing(self, target: dict[str, Any]) -> None:
+    async def indicate_typing(self, target: ReplyTarget) -> None:
         return None
 
 

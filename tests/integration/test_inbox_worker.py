@@ -16,7 +16,7 @@ from sqlalchemy import insert, select, update
 
 from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ToolSpec
-from gateway.domain.outbound import ReplyTarget, TelegramTarget
+from gateway.domain.outbound import TelegramTarget
 from gateway.store import migrations
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage
@@ -300,10 +300,11 @@ async def test_before_each_turn_the_worker_names_where_the_reply_will_go(
 ) -> None:
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:5", "telegram:5/a")], chat_type="group")
-    seen: list[tuple[str, ReplyTarget]] = []
-    worker = InboxWorker(engine, runner, before_turn=lambda platform, target: seen.append((platform, target)))
+    seen: list[tuple[str, dict[str, Any]]] = []
+    worker = InboxWorker(
+        engine, runner, before_turn=lambda platform, target: seen.append((platform, target.to_json()))
+    )
     assert await worker.run_until_idle() == 1
     ((platform, target),) = seen
     assert platform == "telegram"
-    assert isinstance(target, TelegramTarget)
-    assert (target.chat_id, target.reply_to, target.chat_type) == ("5", "telegram:5:0", "group")
+    assert (target["chat_id"], target["reply_to"], target["chat_type"]) == ("5", "telegram:5:0", "group")

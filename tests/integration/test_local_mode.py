@@ -12,11 +12,13 @@ import pytest
 from sqlalchemy import func, select
 
 from gateway.app import create_app
-from gateway.platforms import local_key, simulated
+from gateway.platforms import local_key
+from gateway.platforms.registry import by_name
+from gateway.platforms.spec import SimulatedWebhook
 from gateway.settings import Settings
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow
-from tests.helpers import serve_in_thread
+from tests.helpers import gateway_settings, serve_in_thread
 
 KEY_FILE = "data/local.key"
 
@@ -34,6 +36,12 @@ def started(base: str) -> str:
     """`base` once the app's start-up (which writes the key) is over: requests wait in the backlog."""
     assert httpx.get(f"{base}/healthz").status_code == 200
     return base
+
+
+def build(platform: str, text: str, user: str | None, secret: str) -> SimulatedWebhook:
+    """What `gateway simulate` posts: the platform's simulated webhook (from its default user when None)."""
+    spec = by_name()[platform]
+    return spec.simulate(text, user or spec.simulate_user, secret, spec.settings())
 
 
 def inbox_rows(url: str) -> int:
@@ -57,7 +65,7 @@ def test_a_webhook_signed_with_the_local_key_is_accepted_from_loopback(
     local_gateway: str, url: str, platform: str
 ) -> None:
     key = local_key.read(Path(KEY_FILE))  # written by the gateway at start-up
-    webhook = simulated.build(platform, "hello", simulated.DEFAULT_USER[platform], key)
+    webhook = build(platform, "hello", None, key)
     response = httpx.post(
         f"{local_gateway}/webhooks/{platform}", content=webhook.body, headers=webhook.headers
     )
@@ -67,7 +75,7 @@ def test_a_webhook_signed_with_the_local_key_is_accepted_from_loopback(
 
 @pytest.mark.parametrize("platform", ["telegram", "whatsapp"])
 def test_without_the_key_the_platform_stays_disabled(local_gateway: str, url: str, platform: str) -> None:
-    webhook = simulated.build(platform, "hello", simulated.DEFAULT_USER[platform], "not-the-local-key")
+    webhook = build(platform, "hello", None, "not-the-local-key")
     for headers in ({"content-type": "application/json"}, webhook.headers):
         response = httpx.post(f"{local_gateway}/webhooks/{platform}", content=webhook.body, headers=headers)
         assert response.status_code == 404
@@ -80,7 +88,7 @@ def test_a_client_behind_a_loopback_proxy_is_not_local(local_gateway: str, url: 
     X-Forwarded-For from loopback, so the gateway sees the real (remote) client and refuses it even
     with the right key."""
     key = local_key.read(Path(KEY_FILE))
-    webhook = simulated.build("telegram", "hello", "42", key)
+    webhook = build("telegram", "hello", "42", key)
     headers = {**webhook.headers, "X-Forwarded-For": "203.0.113.5"}
     response = httpx.post(f"{local_gateway}/webhooks/telegram", content=webhook.body, headers=headers)
     assert response.status_code == 404
@@ -89,7 +97,7 @@ def test_a_client_behind_a_loopback_proxy_is_not_local(local_gateway: str, url: 
 
 def test_the_local_mode_can_be_turned_off(url: str) -> None:
     with serve_in_thread(create_app(Settings(database_url=url, local_key_file=""))) as base:
-        webhook = simulated.build("telegram", "hello", "42", "anything")
+        webhook = build("telegram", "hello", "42", "anything")
         response = httpx.post(f"{base}/webhooks/telegram", content=webhook.body, headers=webhook.headers)
     assert response.status_code == 404
     assert not Path(KEY_FILE).exists()
@@ -97,13 +105,15 @@ def test_the_local_mode_can_be_turned_off(url: str) -> None:
 
 
 def test_a_configured_platform_never_takes_the_local_key(url: str) -> None:
-    settings = Settings(database_url=url, local_key_file=KEY_FILE, telegram_secret_token="real-secret")
+    settings = gateway_settings(
+        database_url=url, local_key_file=KEY_FILE, telegram_secret_token="real-secret"
+    )
     with serve_in_thread(create_app(settings)) as base:
         started(base)
         key = local_key.read(Path(KEY_FILE))  # created for WhatsApp, which has no secret
-        webhook = simulated.build("telegram", "hello", "42", key)
+        webhook = build("telegram", "hello", "42", key)
         refused = httpx.post(f"{base}/webhooks/telegram", content=webhook.body, headers=webhook.headers)
-        signed = simulated.build("telegram", "hello", "42", "real-secret")
+        signed = build("telegram", "hello", "42", "real-secret")
         accepted = httpx.post(f"{base}/webhooks/telegram", content=signed.body, headers=signed.headers)
     assert refused.status_code == 401
     assert accepted.status_code == 200

@@ -8,9 +8,10 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, TelegramTarget, WhatsAppTarget
 from gateway.platforms.base import DeliveryError, Sender
-from gateway.platforms.telegram_api import TelegramAPI, TelegramAPIError, TelegramSender
-from gateway.platforms.whatsapp_api import WhatsAppSender
+from gateway.platforms.telegram.api import TelegramAPI, TelegramAPIError, TelegramSender
+from gateway.platforms.whatsapp.api import WhatsAppSender
 from tests.fakes import FakeTelegram, FakeWhatsApp
 from tests.helpers import free_port, serve_in_thread
 
@@ -20,31 +21,36 @@ OLD_CHAT = "-4098765432"  # a basic group ...
 NEW_CHAT = -1003344556677  # ... and the supergroup it became
 
 
-def group_target(**extra: Any) -> dict[str, Any]:
-    """An outbox target as the inbox worker builds it, for a reply in the old group."""
-    return {
+def group_target(**extra: Any) -> TelegramTarget:
+    """A reply target as the inbox worker builds it, for a reply in the old group."""
+    fields: dict[str, Any] = {
         "chat_id": OLD_CHAT,
-        "scope": None,
-        "thread_id": None,
-        "user_id": "987654321",
-        "phone": None,
         "reply_to": f"{OLD_CHAT}:78",
         "chat_type": "group",
         **extra,
     }
+    return TelegramTarget(**fields)
 
 
-def whatsapp_target(**extra: Any) -> dict[str, Any]:
-    return {
+def whatsapp_target(**extra: Any) -> WhatsAppTarget:
+    fields = {
         "chat_id": "US.1",
         "scope": "1065",
-        "thread_id": None,
         "user_id": "US.1",
         "phone": "15551234567",
         "reply_to": "wamid.IN1",
-        "chat_type": None,
-        **extra,
     }
+    return WhatsAppTarget(**{**fields, **extra})
+
+
+def text(body: str, target: ReplyTarget) -> OutboundMessage:
+    return OutboundMessage(target.platform, f"{target.platform}:1", OutboundKind.TEXT, target, body)
+
+
+def callback_answer(query_id: str) -> OutboundMessage:
+    """An answer to a pressed button, its target as the inbox worker stores it."""
+    target = TelegramTarget.from_json({"id": query_id})
+    return OutboundMessage("telegram", "telegram:1", OutboundKind.ANSWER_CALLBACK, target)
 
 
 def unreachable_base() -> str:
@@ -62,7 +68,7 @@ async def test_a_send_to_a_migrated_group_is_resent_once_to_the_supergroup() -> 
         async with httpx.AsyncClient() as http:
             sender: Sender = TelegramSender(TelegramAPI(TOKEN, base, http))
             with capture_logs() as logs:
-                assert await sender.send("text", "hello", group_target()) == "5"
+                assert await sender.send(text("hello", group_target())) == "5"
     first, resend = fake.calls("sendMessage")
     assert first == {
         "chat_id": OLD_CHAT,
@@ -84,7 +90,7 @@ async def test_a_failed_resend_is_a_delivery_error() -> None:
         async with httpx.AsyncClient() as http:
             sender = TelegramSender(TelegramAPI(TOKEN, base, http))
             with pytest.raises(DeliveryError) as raised:
-                await sender.send("text", "hello", group_target())
+                await sender.send(text("hello", group_target()))
     assert raised.value.permanent
     assert raised.value.code == "403"
     assert [call["chat_id"] for call in fake.calls("sendMessage")] == [OLD_CHAT, NEW_CHAT]
@@ -98,7 +104,7 @@ async def test_a_resend_that_is_told_to_migrate_again_is_not_followed() -> None:
         async with httpx.AsyncClient() as http:
             sender = TelegramSender(TelegramAPI(TOKEN, base, http))
             with pytest.raises(DeliveryError) as raised:
-                await sender.send("text", "hello", group_target())
+                await sender.send(text("hello", group_target()))
     assert raised.value.permanent
     assert raised.value.code == "400"
     assert len(fake.calls("sendMessage")) == 2  # once to the old id, once to the new: no loop
@@ -115,7 +121,7 @@ async def test_the_resend_to_a_transiently_failing_supergroup_is_retried_later()
         async with httpx.AsyncClient() as http:
             sender = TelegramSender(TelegramAPI(TOKEN, base, http))
             with pytest.raises(DeliveryError) as raised:
-                await sender.send("text", "hello", group_target())
+                await sender.send(text("hello", group_target()))
     assert not raised.value.permanent
     assert raised.value.retry_after == 2
 
@@ -150,11 +156,11 @@ async def test_other_bad_requests_and_callback_answers_are_not_resent() -> None:
         async with httpx.AsyncClient() as http:
             sender = TelegramSender(TelegramAPI(TOKEN, base, http))
             with pytest.raises(DeliveryError):
-                await sender.send("answer_callback", None, {"id": "q1"})
+                await sender.send(callback_answer("q1"))
             with pytest.raises(DeliveryError) as raised:
-                await sender.send("text", "hello", group_target())
+                await sender.send(text("hello", group_target()))
             del fake.errors["answerCallbackQuery"]
-            assert await sender.send("answer_callback", None, {"id": "q2"}) is None
+            assert await sender.send(callback_answer("q2")) is None
     assert raised.value.permanent
     assert fake.calls("answerCallbackQuery") == [{"callback_query_id": "q1"}, {"callback_query_id": "q2"}]
     assert len(fake.calls("sendMessage")) == 1
@@ -170,7 +176,8 @@ async def test_telegram_typing_is_a_chat_action_in_the_topic() -> None:
             sender: Sender = TelegramSender(TelegramAPI(TOKEN, base, http))
             await sender.indicate_typing(group_target(chat_id="-100500", thread_id="7"))
             await sender.indicate_typing(group_target(chat_id="42", chat_type=None))
-            await sender.indicate_typing({"id": "q1"})  # a callback answer's target names no chat
+            # A callback answer's target names no chat.
+            await sender.indicate_typing(TelegramTarget.from_json({"id": "q1"}))
     assert fake.calls("sendChatAction") == [
         {"chat_id": "-100500", "action": "typing", "message_thread_id": 7},
         {"chat_id": "42", "action": "typing"},

@@ -19,12 +19,11 @@ from starlette.types import ASGIApp
 
 from gateway.agents import Agent
 from gateway.app import create_app
-from gateway.platforms.whatsapp import WhatsAppAdapter
-from gateway.settings import Settings
+from gateway.platforms.whatsapp.adapter import WhatsAppAdapter
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow, OutboxRow
 from tests.fakes import FakeOpenAI, FakeWhatsApp
-from tests.helpers import free_port, serve_in_thread, wait_until
+from tests.helpers import free_port, gateway_settings, serve_in_thread, wait_until
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 APP_SECRET = "wa-secret-resilience"
@@ -60,7 +59,7 @@ def test_a_model_that_never_answers_does_not_slow_the_ack(url: str) -> None:
     model = FakeOpenAI()
     model.enqueue_hang()  # the first turn's model call never returns
     with serve_in_thread(model.app) as model_base:
-        settings = Settings(
+        settings = gateway_settings(
             database_url=url,
             telegram_secret_token=TG_SECRET,
             agent=f"{__name__}:DEFAULT_MODEL_AGENT",
@@ -128,7 +127,7 @@ def test_a_failing_platform_gets_the_reply_later_and_once(
     if failure is not None:
         fake.errors.append(failure)
     port = free_port()
-    settings = Settings(
+    settings = gateway_settings(
         database_url=url,
         whatsapp_app_secret=APP_SECRET,
         whatsapp_access_token="wa-token",

@@ -12,13 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import create_app
-from gateway.platforms.whatsapp import WhatsAppAdapter
 from gateway.settings import Settings
 from tests.helpers import replace_one_part, serve_in_thread
+from tests.platform_kits import ALL_PLATFORMS, KITS
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
-APP_SECRET = "wa-app-secret-for-fuzz"
-TG_SECRET = "tg-secret-for-fuzz"
 FIXTURES = sorted((p.parent.name, p) for p in PAYLOADS.glob("*/*.json"))
 
 scalars = (
@@ -39,16 +37,15 @@ json_values = st.recursive(
 
 
 def headers(platform: str, body: bytes) -> dict[str, str]:
-    if platform == "whatsapp":
-        return {"X-Hub-Signature-256": WhatsAppAdapter.sign(APP_SECRET, body)}
-    return {"X-Telegram-Bot-Api-Secret-Token": TG_SECRET}
+    return KITS[platform].sign(body)
 
 
 def test_mutated_real_payloads_are_always_acknowledged(migrated_url: str) -> None:
-    config = Settings(
-        database_url=migrated_url, whatsapp_app_secret=APP_SECRET, telegram_secret_token=TG_SECRET
-    )
-    with serve_in_thread(create_app(config)) as base, httpx.Client(base_url=base, timeout=30) as client:
+    """Every platform's fixtures (the test-only echo platform's too), each platform enabled by its kit."""
+    groups = {name: kit.webhook_settings() for name, kit in KITS.items()}
+    config = Settings(database_url=migrated_url).with_groups(groups)
+    app = create_app(config, platforms=ALL_PLATFORMS)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as client:
 
         @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(data=st.data())

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import func, select, text
 
 from gateway.app import create_app
-from gateway.platforms.whatsapp import WhatsAppAdapter
+from gateway.platforms.whatsapp.adapter import WhatsAppAdapter
 from gateway.settings import Settings
 from gateway.store.engine import create_engine
 from gateway.store.tables import InboxRow, OutboxRow, ProcessedMessageRow
-from tests.helpers import serve_in_thread
+from tests.helpers import gateway_settings, serve_in_thread
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 APP_SECRET = "wa-app-secret-for-tests"
@@ -61,7 +61,7 @@ def url(migrated_url: str) -> str:
 
 @pytest.fixture
 def gateway(url: str) -> Iterator[str]:
-    settings = Settings(
+    settings = gateway_settings(
         database_url=url,
         whatsapp_app_secret=APP_SECRET,
         whatsapp_verify_token=VERIFY_TOKEN,

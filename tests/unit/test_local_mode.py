@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.platforms import local_key, simulated
-from gateway.platforms.telegram import TelegramAdapter
-from gateway.platforms.whatsapp import WhatsAppAdapter
+from gateway.platforms import local_key
+from gateway.platforms.registry import by_name
+from gateway.platforms.telegram.adapter import TelegramAdapter
+from gateway.platforms.telegram.spec import TELEGRAM, TelegramSettings
+from gateway.platforms.whatsapp.adapter import WhatsAppAdapter
+from gateway.platforms.whatsapp.spec import SIMULATED_PHONE_NUMBER_ID, WHATSAPP, WhatsAppSettings
 
 
 def test_the_key_is_created_once_private_and_then_reused(tmp_path: Path) -> None:
@@ -58,7 +61,7 @@ def test_only_loopback_addresses_count_as_local(host: str | None, loopback: bool
 
 
 def test_a_simulated_telegram_update_is_one_text_the_adapter_accepts() -> None:
-    webhook = simulated.build("telegram", "héllo", "42", "key-123", bot_id="777")
+    webhook = TELEGRAM.simulate("héllo", "42", "key-123", TelegramSettings(bot_token="777:bot-secret"))
     adapter = TelegramAdapter("key-123", "777")
     assert adapter.verify(webhook.headers, webhook.body)
     assert not TelegramAdapter("other-key", "777").verify(webhook.headers, webhook.body)
@@ -69,18 +72,18 @@ def test_a_simulated_telegram_update_is_one_text_the_adapter_accepts() -> None:
 
 
 def test_a_simulated_whatsapp_message_is_signed_over_its_raw_bytes() -> None:
-    webhook = simulated.build("whatsapp", "Grüße 😀", "15551234567", "key-123")
+    webhook = WHATSAPP.simulate("Grüße 😀", "15551234567", "key-123", WhatsAppSettings())
     adapter = WhatsAppAdapter("key-123")
     assert adapter.verify(webhook.headers, webhook.body)
     assert not adapter.verify(webhook.headers, webhook.body + b" ")
     (message,) = adapter.parse(json.loads(webhook.body)).messages
     assert (message.text, message.user_id) == ("Grüße 😀", "15551234567")
-    assert message.session_id == f"whatsapp:{simulated.SIMULATED_PHONE_NUMBER_ID}:15551234567"
+    assert message.session_id == f"whatsapp:{SIMULATED_PHONE_NUMBER_ID}:15551234567"
     assert webhook.dedup_key == message.dedup_key
 
 
 def test_every_simulated_message_is_new() -> None:
-    keys = {simulated.build("telegram", "hi", "42", "k").dedup_key for _ in range(50)}
+    keys = {TELEGRAM.simulate("hi", "42", "k", TelegramSettings()).dedup_key for _ in range(50)}
     assert len(keys) == 50
 
 
@@ -88,5 +91,6 @@ def test_every_simulated_message_is_new() -> None:
     ("platform", "user"), [("telegram", "abc"), ("whatsapp", "+1 555"), ("telegram", "")]
 )
 def test_a_user_id_the_platform_cannot_have_is_refused(platform: str, user: str) -> None:
+    spec = by_name()[platform]
     with pytest.raises(ValueError, match="user id"):
-        simulated.build(platform, "hi", user, "k")
+        spec.simulate("hi", user, "k", spec.settings())

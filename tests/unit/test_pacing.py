@@ -57,17 +57,25 @@ def test_idle_keys_are_forgotten() -> None:
 
 
 def test_limits_per_platform_and_chat_kind() -> None:
+    from gateway.domain.outbound import TelegramTarget, WhatsAppTarget
+    from gateway.platforms.telegram.spec import TELEGRAM, TelegramSettings
+    from gateway.platforms.whatsapp.spec import WHATSAPP, WhatsAppSettings
     from gateway.worker.pacing import PacingLimits
 
     limits = PacingLimits(
-        telegram_chat_per_second=1,
-        telegram_group_per_minute=20,
-        telegram_global_per_second=30,
-        whatsapp_global_per_second=80,
+        {
+            "telegram": TELEGRAM.pacing(
+                TelegramSettings(chat_per_second=1, group_per_minute=20, global_per_second=30)
+            ),
+            "whatsapp": WHATSAPP.pacing(WhatsAppSettings(global_per_second=80)),
+        }
     )
-    assert limits.limits("telegram", {"chat_id": "42"}) == [
+    assert limits.limits("telegram", TelegramTarget(chat_id="42")) == [
         ("telegram:chat:42", 1.0),
         ("telegram:global", pytest.approx(1 / 30)),
     ]
-    assert limits.limits("telegram", {"chat_id": "-100123"})[0] == ("telegram:chat:-100123", 3.0)
-    assert limits.limits("whatsapp", {"chat_id": "US.1"}) == [("whatsapp:global", pytest.approx(1 / 80))]
+    assert limits.limits("telegram", TelegramTarget(chat_id="-100123"))[0] == ("telegram:chat:-100123", 3.0)
+    assert limits.limits("whatsapp", WhatsAppTarget(chat_id="US.1")) == [
+        ("whatsapp:global", pytest.approx(1 / 80))
+    ]
+    assert limits.limits("elsewhere", WhatsAppTarget(chat_id="US.1")) == []  # no rule: not paced

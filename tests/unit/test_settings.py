@@ -9,8 +9,13 @@ import pytest
 
 from gateway.cli import main
 from gateway.errors import SettingsError
-from gateway.settings import Settings, load_settings, unknown_env_settings
+from gateway.platforms.registry import settings_groups
+from gateway.platforms.telegram.spec import TelegramSettings
+from gateway.platforms.whatsapp.spec import WhatsAppSettings
+from gateway.settings import Settings, group_env_name, load_settings, settings_from, unknown_env_settings
 from tests.helpers import GATEWAY, gateway_env
+
+GROUPS = settings_groups()  # the platforms' settings groups, as the CLI and the app load them
 
 
 def write_config(directory: Path, text: str) -> Path:
@@ -54,11 +59,15 @@ def test_shipped_config_file_is_valid_and_lists_every_setting() -> None:
     text = shipped.read_text()
     for name in Settings.model_fields:
         assert f"# {name} = " in text, f"config/gateway.toml does not document {name}"
+    for group, model in GROUPS.items():
+        for field in model.model_fields:
+            name = f"{group}_{field}"
+            assert f"# {name} = " in text, f"config/gateway.toml does not document {name}"
     # Uncommented, the documented defaults are exactly the built-in ones.
     uncommented = "\n".join(line[2:] for line in text.splitlines() if line.startswith("# ") and " = " in line)
     import tomllib
 
-    assert Settings(**tomllib.loads(uncommented)) == Settings()
+    assert settings_from(tomllib.loads(uncommented), GROUPS) == settings_from({}, GROUPS)
 
 
 def test_values_are_case_insensitive_where_sensible(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,6 +176,10 @@ def test_readme_documents_every_setting() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for name in Settings.model_fields:
         assert f"`GATEWAY_{name.upper()}`" in readme, f"README does not document GATEWAY_{name.upper()}"
+    for model in GROUPS.values():
+        for field in model.model_fields:
+            variable = group_env_name(model, field)
+            assert f"`{variable}`" in readme, f"README does not document {variable}"
 
 
 @pytest.mark.parametrize(
@@ -185,7 +198,7 @@ def test_platform_settings_are_checked(
 ) -> None:
     monkeypatch.setenv(name, value)
     with pytest.raises(SettingsError) as caught:
-        load_settings()
+        load_settings(GROUPS)
     assert name in str(caught.value)
     assert problem in str(caught.value)
     if "TOKEN" in name:
@@ -196,9 +209,9 @@ def test_platform_secrets_feed_the_log_redactor(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("GATEWAY_TELEGRAM_BOT_TOKEN", "123456:secret-bot-token")
     monkeypatch.setenv("GATEWAY_WHATSAPP_APP_SECRET", "app-secret-value")
     monkeypatch.setenv("GATEWAY_WHATSAPP_VERIFY_TOKEN", "")
-    settings = load_settings()
+    settings = load_settings(GROUPS)
     assert {"123456:secret-bot-token", "app-secret-value"} <= set(settings.secret_values())
-    assert settings.whatsapp_verify_token is None  # empty means unset
+    assert settings.group("whatsapp", WhatsAppSettings).verify_token is None  # empty means unset
 
 
 def test_turn_kinds_default_matches_the_domain_and_parses_from_the_environment(
@@ -221,3 +234,59 @@ def test_a_malformed_turn_kinds_list_is_a_settings_error(monkeypatch: pytest.Mon
     monkeypatch.setenv("GATEWAY_TURN_KINDS", "[text")
     with pytest.raises(SettingsError, match="GATEWAY_TURN_KINDS"):
         load_settings()
+
+
+def test_platform_settings_come_from_flat_keys_a_table_or_the_environment(
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_config(
+        clean_env,
+        'telegram_bot_token = "42:file-token"\ntelegram_chat_per_second = 2\n'
+        '[whatsapp]\napp_secret = "from-the-table"\n',
+    )
+    monkeypatch.setenv("GATEWAY_TELEGRAM_CHAT_PER_SECOND", "3")
+    settings = load_settings(GROUPS)
+    telegram = settings.group("telegram", TelegramSettings)
+    assert telegram.bot_token is not None
+    assert telegram.bot_token.get_secret_value() == "42:file-token"
+    assert telegram.chat_per_second == 3  # the environment beats the file here too
+    whatsapp = settings.group("whatsapp", WhatsAppSettings)
+    assert whatsapp.app_secret is not None
+    assert whatsapp.app_secret.get_secret_value() == "from-the-table"
+    assert {"42:file-token", "from-the-table"} <= set(settings.secret_values())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('telegram_api_base = "x"\n', "invalid setting telegram_api_base in config"),
+        ('[telegram]\napi_base = "x"\n', "invalid setting telegram.api_base in config"),
+        ("[telegram]\nbot_tokn = 1\n", "unknown setting 'telegram.bot_tokn' in config file"),
+        ("telegram_bot_tokn = 1\n", "unknown setting 'telegram_bot_tokn' in config file"),
+        ("[slack]\nsecret = 1\n", "unknown setting 'slack' in config file"),
+        ('telegram_api_base = "http://a"\n[telegram]\napi_base = "http://b"\n', "given twice"),
+    ],
+)
+def test_bad_platform_keys_in_the_file_are_named(clean_env: Path, text: str, message: str) -> None:
+    write_config(clean_env, text)
+    with pytest.raises(SettingsError, match=message):
+        load_settings(GROUPS)
+
+
+def test_settings_built_directly_read_a_platform_group_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GATEWAY_TELEGRAM_SECRET_TOKEN", "from-env")
+    telegram = Settings().group("telegram", TelegramSettings)
+    assert telegram.secret_token is not None
+    assert telegram.secret_token.get_secret_value() == "from-env"
+    monkeypatch.setenv("GATEWAY_TELEGRAM_GROUP_PER_MINUTE", "-1")
+    with pytest.raises(SettingsError, match="GATEWAY_TELEGRAM_GROUP_PER_MINUTE"):
+        Settings().group("telegram", TelegramSettings)
+
+
+def test_platform_variables_are_known_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_TELEGRAM_BOT_TOKEN", "1:x")
+    monkeypatch.setenv("GATEWAY_WHATSAPP_GLOBAL_PER_SECOND", "10")
+    monkeypatch.setenv("GATEWAY_TELEGRAM_BOT_TOKN", "1:x")
+    assert unknown_env_settings(GROUPS) == ["GATEWAY_TELEGRAM_BOT_TOKN"]

@@ -24,7 +24,7 @@ from gateway.domain.inbound import (
 )
 from gateway.errors import SettingsError
 from gateway.platforms.base import PlatformAdapter
-from gateway.platforms.telegram import SECRET_HEADER, TelegramAdapter
+from gateway.platforms.telegram.adapter import SECRET_HEADER, TelegramAdapter
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads" / "telegram"
 SECRET = "s3cr3t-Token_for-tests"

@@ -20,9 +20,9 @@ from gateway.domain.inbound import (
     ParsedUpdate,
     StatusUpdate,
 )
-from gateway.platforms import whatsapp
 from gateway.platforms.base import PlatformAdapter
-from gateway.platforms.whatsapp import SIGNATURE_HEADER, WhatsAppAdapter
+from gateway.platforms.whatsapp import adapter as whatsapp
+from gateway.platforms.whatsapp.adapter import SIGNATURE_HEADER, WhatsAppAdapter
 from tests.helpers import replace_one_part
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads" / "whatsapp"

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import structlog
 
+from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, TelegramTarget
 from gateway.errors import GatewayError
 from gateway.platforms.base import DeliveryError
 
@@ -93,8 +94,8 @@ class TelegramAPI:
 
 
 class TelegramSender:
-    """Outbox rows to Bot API calls: sendMessage (in the topic it came from) and answerCallbackQuery;
-    sendChatAction for the typing indicator.
+    """Outbound messages to Bot API calls: sendMessage (in the topic it came from) and
+    answerCallbackQuery; sendChatAction for the typing indicator.
 
     A group upgraded to a supergroup gets a new chat id: Telegram refuses a sendMessage to the old one
     with 400 and `migrate_to_chat_id`, and the message is then sent once more, to the new id.
@@ -103,16 +104,19 @@ class TelegramSender:
     def __init__(self, api: TelegramAPI) -> None:
         self.api = api
 
-    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
+    async def send(self, message: OutboundMessage) -> str | None:
+        target = _telegram_target(message.target)
         try:
-            if kind == "answer_callback":
-                await self.api.call("answerCallbackQuery", callback_query_id=target["id"])
+            if message.kind is OutboundKind.ANSWER_CALLBACK:
+                if not target.callback_query_id:
+                    raise DeliveryError("no callback query to answer", permanent=True)
+                await self.api.call("answerCallbackQuery", callback_query_id=target.callback_query_id)
                 return None
-            params: dict[str, Any] = {"chat_id": target["chat_id"], "text": text or ""}
-            if target.get("thread_id"):
-                params["message_thread_id"] = int(target["thread_id"])
-            reply_to = str(target.get("reply_to") or "")
-            if target.get("chat_type") == "group" and reply_to.rpartition(":")[2].isdigit():
+            params: dict[str, Any] = {"chat_id": target.chat_id, "text": message.text or ""}
+            if target.thread_id:
+                params["message_thread_id"] = int(target.thread_id)
+            reply_to = target.reply_to or ""
+            if target.chat_type == "group" and reply_to.rpartition(":")[2].isdigit():
                 # In a group, quote the message being answered; message ids are "<chat>:<id>".
                 params["reply_parameters"] = {
                     "message_id": int(reply_to.rpartition(":")[2]),
@@ -143,15 +147,15 @@ class TelegramSender:
         resend["chat_id"] = new_chat_id
         return await self.api.call("sendMessage", **resend)
 
-    async def indicate_typing(self, target: dict[str, Any]) -> None:
+    async def indicate_typing(self, target: ReplyTarget) -> None:
         """sendChatAction "typing" in the chat (and topic) of `target`; best effort, never raises."""
-        chat_id = target.get("chat_id")
-        if chat_id is None:
+        telegram = _telegram_target(target)
+        if not telegram.chat_id:
             return
-        params: dict[str, Any] = {"chat_id": chat_id, "action": "typing"}
+        params: dict[str, Any] = {"chat_id": telegram.chat_id, "action": "typing"}
         try:
-            if target.get("thread_id"):
-                params["message_thread_id"] = int(target["thread_id"])
+            if telegram.thread_id:
+                params["message_thread_id"] = int(telegram.thread_id)
             await self.api.call("sendChatAction", **params)
         except TelegramAPIError as exc:
             transient = exc.code is None or exc.code == 429 or exc.code >= 500
@@ -160,6 +164,11 @@ class TelegramSender:
             )
         except Exception as exc:  # best effort: a typing indicator must never fail a turn
             log.warning("typing_indicator_failed", platform="telegram", error=type(exc).__name__)
+
+
+def _telegram_target(target: ReplyTarget) -> TelegramTarget:
+    """The target as Telegram's; another kind (a row decoded without its platform) is read field by field."""
+    return target if isinstance(target, TelegramTarget) else TelegramTarget.from_json(target.to_json())
 
 
 def _delivery_error(exc: TelegramAPIError) -> DeliveryError:

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import structlog
 
+from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, WhatsAppTarget
 from gateway.platforms.base import DeliveryError
 
 # Meta's throttling and transient codes: back off and retry. Anything else is final (see platform specs).
@@ -27,20 +28,23 @@ class WhatsAppSender:
     def __repr__(self) -> str:
         return "WhatsAppSender(<token hidden>)"
 
-    async def send(self, kind: str, text: str | None, target: dict[str, Any]) -> str | None:
-        if kind != "text":
+    async def send(self, message: OutboundMessage) -> str | None:
+        if message.kind is not OutboundKind.TEXT:
             return None  # WhatsApp has no callback queries to answer
+        target = _whatsapp_target(message.target)
+        if not target.scope:
+            raise DeliveryError("no business number (scope) to send from", permanent=True)
         body: dict[str, Any] = {
             "messaging_product": "whatsapp",
             "recipient_type": "individual",
             "type": "text",
-            "text": {"preview_url": False, "body": text or ""},
+            "text": {"preview_url": False, "body": message.text or ""},
         }
-        if target.get("phone"):
-            body["to"] = target["phone"]
+        if target.phone:
+            body["to"] = target.phone
         else:
-            body["recipient"] = target.get("user_id") or target.get("chat_id")  # a business-scoped user id
-        url = f"{self._api_base}/{target['scope']}/messages"
+            body["recipient"] = target.user_id or target.chat_id  # a business-scoped user id
+        url = f"{self._api_base}/{target.scope}/messages"
         try:
             response = await self._client.post(url, json=body, headers=self._headers)
         except httpx.HTTPError as exc:
@@ -56,17 +60,18 @@ class WhatsAppSender:
         error = data.get("error") or {}
         code = error.get("code")
         retry = response.status_code >= 500 or response.status_code == 429 or code in RETRYABLE_CODES
-        message = (
+        failure = (
             f"WhatsApp send failed ({response.status_code}, code {code}): {error.get('message', '')[:200]}"
         )
-        raise DeliveryError(message, permanent=not retry, code=None if code is None else str(code))
+        raise DeliveryError(failure, permanent=not retry, code=None if code is None else str(code))
 
-    async def indicate_typing(self, target: dict[str, Any]) -> None:
-        """Mark the inbound message `target["reply_to"]` (its wamid) read and show "typing…".
+    async def indicate_typing(self, target: ReplyTarget) -> None:
+        """Mark the inbound message `target.reply_to` (its wamid) read and show "typing…".
 
         WhatsApp shows the indicator until the reply arrives or for 25 s. Best effort: never raises.
         """
-        scope, wamid = target.get("scope"), target.get("reply_to")
+        whatsapp = _whatsapp_target(target)
+        scope, wamid = whatsapp.scope, whatsapp.reply_to
         if not scope or not wamid:
             log.debug("typing_indicator_skipped", platform="whatsapp", reason="no_scope_or_message_id")
             return
@@ -96,3 +101,8 @@ class WhatsAppSender:
         (log.debug if transient else log.warning)(
             "typing_indicator_failed", platform="whatsapp", status=response.status_code, code=code
         )
+
+
+def _whatsapp_target(target: ReplyTarget) -> WhatsAppTarget:
+    """The target as WhatsApp's; another kind (a row decoded without its platform) is read field by field."""
+    return target if isinstance(target, WhatsAppTarget) else WhatsAppTarget.from_json(target.to_json())

@@ -1,0 +1,1 @@
+"""WhatsApp Cloud API: adapter (inbound), api (sender), spec (the platform spec)."""
