@@ -19,7 +19,7 @@ import httpx
 import structlog
 
 from gateway.agents import Agent, Runner, SQLSessionStore
-from gateway.agents.models.registry import model_factory_from_settings
+from gateway.agents.models.registry import ModelFactory, model_factory
 from gateway.domain.inbound import MessageKind
 from gateway.errors import SettingsError
 from gateway.http_client import http_client
@@ -82,7 +82,7 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
     http = http_client(HTTP_TIMEOUT_SECONDS)
     delivery = build_delivery(settings, database, http, platforms)
     ingest = Ingest(database, timedelta(hours=settings.dedup_ttl_hours))
-    runner = build_runner(settings, database)
+    runner = build_runner(settings, database, http)
     worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy, platforms=platforms)
     return Services(
         settings=settings,
@@ -220,9 +220,17 @@ def load_agent(spec: str) -> Agent:
     return agent
 
 
-def build_runner(settings: Settings, database: Database) -> Runner:
-    """The configured agent graph on an SQL session store on the service's database."""
+def build_runner(settings: Settings, database: Database, http: httpx.AsyncClient | None = None) -> Runner:
+    """The configured agent graph on an SQL session store on the service's database; its models call
+    their providers through `http` (the service's client) when given."""
     store = SQLSessionStore(
         database, default_max_turns=settings.max_turns, dedup_ttl_hours=settings.dedup_ttl_hours
     )
-    return Runner(load_agent(settings.agent), store, model_factory=model_factory_from_settings(settings))
+    return Runner(load_agent(settings.agent), store, model_factory=build_models(settings, http))
+
+
+def build_models(settings: Settings, http: httpx.AsyncClient | None = None) -> ModelFactory:
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    return model_factory(
+        settings.model, openai_base_url=settings.openai_base_url, openai_api_key=key, http=http
+    )

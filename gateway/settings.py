@@ -20,11 +20,10 @@ import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from gateway.errors import SettingsError
 
@@ -164,15 +163,12 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str) -> str:
-        try:
-            url = make_url(value)
-        except ArgumentError:
+        driver, separator, _ = value.partition("://")
+        if not separator or not re.fullmatch(r"[A-Za-z][\w+.-]*", driver):
+            raise ValueError("not a database URL (expected e.g. sqlite+aiosqlite:///./data/gateway.db)")
+        if driver not in ("sqlite+aiosqlite", "postgresql+asyncpg"):
             raise ValueError(
-                "not a database URL (expected e.g. sqlite+aiosqlite:///./data/gateway.db)"
-            ) from None
-        if url.drivername not in ("sqlite+aiosqlite", "postgresql+asyncpg"):
-            raise ValueError(
-                f"unsupported driver {url.drivername!r} (use sqlite+aiosqlite:// or postgresql+asyncpg://)"
+                f"unsupported driver {driver!r} (use sqlite+aiosqlite:// or postgresql+asyncpg://)"
             )
         return value
 
@@ -209,9 +205,9 @@ class Settings(BaseSettings):
         secrets = _secrets_of(self)
         for group in self._groups.values():
             secrets.extend(_secrets_of(group))
-        password = make_url(self.database_url).password
+        password = urlsplit(self.database_url).password
         if password:
-            secrets.append(password)
+            secrets.extend({password, unquote(password)})  # as written, and as the driver sends it
         return secrets
 
     @classmethod

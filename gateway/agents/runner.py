@@ -182,10 +182,15 @@ class Runner:
 
 
 def _settings_model_factory() -> ModelFactory:
-    from gateway.agents.models.registry import model_factory_from_settings
+    """The library default (issue 3's API): a Runner built without a factory resolves specs with the
+    service's settings (GATEWAY_MODEL, GATEWAY_OPENAI_*), read on first need. The one import of the
+    settings outside bootstrap, app and cli (an ignored import in pyproject.toml's contract)."""
+    from gateway.agents.models.registry import model_factory
     from gateway.settings import load_settings
 
-    return model_factory_from_settings(load_settings())
+    settings = load_settings()
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+    return model_factory(settings.model, openai_base_url=settings.openai_base_url, openai_api_key=key)
 
 
 def _walk(start: Agent) -> dict[str, Agent]:

@@ -62,25 +62,27 @@ def claim_on_engine(
     table: Any, columns: tuple[str, ...], owner: str, now: datetime, lease_until: datetime, limit: int
 ) -> Callable[[AsyncConnection], Any]:
     """The same claim in SQLAlchemy: select (locking the rows on PostgreSQL, skipping those others are
-    claiming), then lease what was selected, in one transaction."""
-    older = aliased(table)
-    oldest_pending = select(func.min(older.id)).where(older.status == "pending").scalar_subquery()
-    held_back = exists().where(
-        older.session_id == table.session_id,
-        older.status == "pending",
-        older.id < table.id,
-        older.id >= oldest_pending,  # the backlog only, whatever the conversation's history (see _claim_sql)
-    )
-    free = or_(table.lease_until.is_(None), table.lease_until < now)
-    query = (
-        select(table.id, *(getattr(table, c) for c in columns))
-        .where(table.status == "pending", table.next_attempt_at <= now, free, ~held_back)
-        .order_by(table.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True, of=table)
-    )
+    claiming), then lease what was selected, in one transaction. Built only when run: building the
+    statement costs more than running the file's spelling."""
 
     async def work(conn: AsyncConnection) -> list[Row]:
+        older = aliased(table)
+        oldest_pending = select(func.min(older.id)).where(older.status == "pending").scalar_subquery()
+        held_back = exists().where(
+            older.session_id == table.session_id,
+            older.status == "pending",
+            older.id < table.id,
+            older.id
+            >= oldest_pending,  # the backlog only, whatever the conversation's history (see _claim_sql)
+        )
+        free = or_(table.lease_until.is_(None), table.lease_until < now)
+        query = (
+            select(table.id, *(getattr(table, c) for c in columns))
+            .where(table.status == "pending", table.next_attempt_at <= now, free, ~held_back)
+            .order_by(table.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=table)
+        )
         rows = [tuple(row) for row in await conn.execute(query)]
         if rows:
             await conn.execute(
@@ -143,15 +145,12 @@ async def update_row(
     where = ["id = ?"]
     params = [_sqlite_value(v) for v in values.values()]
     params.append(row_id)
-    conditions = [table.id == row_id]
     if lease_owner is not None:
         where.append("lease_owner = ?")
         params.append(lease_owner)
-        conditions.append(table.lease_owner == lease_owner)
     if status is not None:
         where.append("status = ?")
         params.append(status)
-        conditions.append(table.status == status)
     assignments = ", ".join(f"{k} = ?" for k in values)
     statement = f"UPDATE {table.__tablename__} SET {assignments} WHERE {' AND '.join(where)}"
 
@@ -159,6 +158,11 @@ async def update_row(
         return bool(conn.execute(statement, params).rowcount == 1)
 
     async def on_engine(conn: AsyncConnection) -> bool:
+        conditions = [table.id == row_id]
+        if lease_owner is not None:
+            conditions.append(table.lease_owner == lease_owner)
+        if status is not None:
+            conditions.append(table.status == status)
         result = await conn.execute(update(table).where(*conditions).values(**values))
         return bool(result.rowcount == 1)
 

@@ -24,9 +24,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.domain import sessions as session_rules
+from gateway.domain.sessions import Cursor, SessionSummary
 from gateway.store import inbox, sessions
 from gateway.store.database import UNAVAILABLE_ERRORS, Database
-from gateway.store.sessions import Cursor, SessionExistsError, SessionSummary
+from gateway.store.sessions import SessionExistsError
 from gateway.web import openapi
 from gateway.web.bodies import read_limited
 from gateway.web.errors import error_response, request_id_of
@@ -125,9 +127,9 @@ def _param(request: Request, name: str) -> str | None:
 def _limit(request: Request) -> int:
     raw = _param(request, "limit")
     if raw is None:
-        return sessions.DEFAULT_PAGE_SIZE
-    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= sessions.MAX_PAGE_SIZE:
-        raise _invalid(f"limit must be an integer from 1 to {sessions.MAX_PAGE_SIZE}")
+        return session_rules.DEFAULT_PAGE_SIZE
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= session_rules.MAX_PAGE_SIZE:
+        raise _invalid(f"limit must be an integer from 1 to {session_rules.MAX_PAGE_SIZE}")
     return int(raw)
 
 
@@ -155,7 +157,7 @@ def _title(data: dict[str, Any]) -> str:
     if not isinstance(title, str):
         raise _invalid("title must be a string")
     try:
-        return sessions.clean_title(title)
+        return session_rules.clean_title(title)
     except ValueError as exc:
         raise _invalid(str(exc)) from None
 
@@ -205,11 +207,11 @@ async def sessions_collection(request: Request, admin: Admin, database: Database
         except ValueError:
             raise _Rejected(422, "invalid_cursor", "cursor is not a next_cursor of this API") from None
     platform = _param(request, "platform")
-    if platform is not None and not sessions.is_valid_platform(platform):
+    if platform is not None and not session_rules.is_valid_platform(platform):
         raise _invalid("platform must be 1-32 characters of A-Z a-z 0-9 _ -")
     query = _param(request, "q")
-    if query is not None and not sessions.is_valid_query(query):
-        raise _invalid(f"q must be at most {sessions.MAX_QUERY_LENGTH} characters, none of them control")
+    if query is not None and not session_rules.is_valid_query(query):
+        raise _invalid(f"q must be at most {session_rules.MAX_QUERY_LENGTH} characters, none of them control")
     page = await sessions.list_sessions(database, limit=limit, after=after, platform=platform, query=query)
     return JSONResponse(
         {
@@ -223,10 +225,10 @@ async def _create(request: Request, admin: Admin, database: Database) -> Respons
     data = await _json_object(request, admin, {"session_id", "title"})
     session_id = data.get("session_id")
     if "session_id" in data and not (
-        isinstance(session_id, str) and sessions.is_valid_session_id(session_id)
+        isinstance(session_id, str) and session_rules.is_valid_session_id(session_id)
     ):
         raise _invalid(
-            f"session_id must be a string of 1-{sessions.MAX_SESSION_ID_LENGTH} characters,"
+            f"session_id must be a string of 1-{session_rules.MAX_SESSION_ID_LENGTH} characters,"
             " none of them control"
         )
     title = _title(data) if "title" in data else None

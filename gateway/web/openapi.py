@@ -10,7 +10,8 @@ from __future__ import annotations
 from copy import deepcopy
 from typing import Any
 
-from gateway.store import inbox, sessions
+from gateway.domain import sessions as session_rules
+from gateway.store import inbox
 
 BEARER = "bearerAuth"
 _JSON = "application/json"
@@ -110,14 +111,14 @@ SCHEMAS: dict[str, Any] = {
             "session_id": {
                 **_STRING,
                 "minLength": 1,
-                "maxLength": sessions.MAX_SESSION_ID_LENGTH,
-                "pattern": sessions.SESSION_ID_PATTERN,
+                "maxLength": session_rules.MAX_SESSION_ID_LENGTH,
+                "pattern": session_rules.SESSION_ID_PATTERN,
                 "description": "Default: a new UUID. No control characters.",
             },
             "title": {
                 **_STRING,
-                "maxLength": sessions.MAX_TITLE_LENGTH,
-                "pattern": sessions.TITLE_PATTERN,
+                "maxLength": session_rules.MAX_TITLE_LENGTH,
+                "pattern": session_rules.TITLE_PATTERN,
                 "description": "Stored stripped of surrounding spaces. Default: from the first message.",
             },
         },
@@ -127,8 +128,8 @@ SCHEMAS: dict[str, Any] = {
         {
             "title": {
                 **_STRING,
-                "maxLength": sessions.MAX_TITLE_LENGTH,
-                "pattern": sessions.TITLE_PATTERN,
+                "maxLength": session_rules.MAX_TITLE_LENGTH,
+                "pattern": session_rules.TITLE_PATTERN,
                 "description": "Not empty after stripping spaces; no control characters.",
             }
         }
@@ -170,8 +171,8 @@ _LIMIT = _query(
     {
         "type": "integer",
         "minimum": 1,
-        "maximum": sessions.MAX_PAGE_SIZE,
-        "default": sessions.DEFAULT_PAGE_SIZE,
+        "maximum": session_rules.MAX_PAGE_SIZE,
+        "default": session_rules.DEFAULT_PAGE_SIZE,
     },
     "Items per page.",
 )
@@ -199,20 +200,20 @@ PATHS: dict[str, Any] = {
                 _LIMIT,
                 _query(
                     "cursor",
-                    {"type": "string", "minLength": 1, "maxLength": sessions.MAX_CURSOR_LENGTH},
+                    {"type": "string", "minLength": 1, "maxLength": session_rules.MAX_CURSOR_LENGTH},
                     "The `next_cursor` of the previous page (opaque).",
                 ),
                 _query(
                     "platform",
-                    {"type": "string", "pattern": sessions.PLATFORM_PATTERN},
+                    {"type": "string", "pattern": session_rules.PLATFORM_PATTERN},
                     "Only sessions whose id starts with `<platform>:`, e.g. telegram, whatsapp, cli.",
                 ),
                 _query(
                     "q",
                     {
                         "type": "string",
-                        "maxLength": sessions.MAX_QUERY_LENGTH,
-                        "pattern": sessions.QUERY_PATTERN,
+                        "maxLength": session_rules.MAX_QUERY_LENGTH,
+                        "pattern": session_rules.QUERY_PATTERN,
                     },
                     "Only sessions whose title contains this text, ignoring case (% and _ are literal).",
                 ),

@@ -5,7 +5,7 @@ most once after the platform accepted it (the only window is a crash between the
 file that statement commits with the other writes queued at the same moment, see store/database.py).
 Transient failures back off (honouring the platform's retry-after); permanent ones are recorded with
 the platform's code. A platform without a sending token is dry-run: the row is marked `dry_run` and
-its text logged, so the whole path can be watched offline.
+logged (its length, never its text), so the whole path can be watched offline.
 
 Up to `concurrency` rows are in flight at once (worker/claim_loop.py), each recorded as soon as its
 platform answered. A conversation's next row becomes claimable only once the row before it is
@@ -136,7 +136,7 @@ class OutboxDelivery:
                 platform=message.platform,
                 session_id=message.session_id,
                 kind=message.kind.value,
-                text=message.text,
+                chars=len(message.text or ""),  # never the text itself: `gateway simulate` prints it
             )
             await self._finish(row.id, status="dry_run")
             return

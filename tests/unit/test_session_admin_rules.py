@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.store import sessions
-from gateway.store.sessions import Cursor
+from gateway.domain import sessions as session_rules
+from gateway.domain.sessions import Cursor
 
 # Text with the characters that matter here well represented: spaces of every kind, controls, others.
 EDGY = st.text(
@@ -25,9 +25,11 @@ EDGY = st.text(
 
 @given(EDGY)
 def test_clean_title_accepts_exactly_what_the_published_pattern_does(title: str) -> None:
-    published = len(title) <= sessions.MAX_TITLE_LENGTH and re.fullmatch(sessions.TITLE_PATTERN, title)
+    published = len(title) <= session_rules.MAX_TITLE_LENGTH and re.fullmatch(
+        session_rules.TITLE_PATTERN, title
+    )
     try:
-        cleaned = sessions.clean_title(title)
+        cleaned = session_rules.clean_title(title)
     except ValueError:
         assert not published
     else:
@@ -40,24 +42,24 @@ def test_clean_title_accepts_exactly_what_the_published_pattern_does(title: str)
 @given(EDGY)
 def test_session_ids_follow_the_published_pattern(session_id: str) -> None:
     published = bool(
-        len(session_id) <= sessions.MAX_SESSION_ID_LENGTH
-        and re.fullmatch(sessions.SESSION_ID_PATTERN, session_id)
+        len(session_id) <= session_rules.MAX_SESSION_ID_LENGTH
+        and re.fullmatch(session_rules.SESSION_ID_PATTERN, session_id)
     )
-    assert sessions.is_valid_session_id(session_id) == published
+    assert session_rules.is_valid_session_id(session_id) == published
 
 
 def test_rules_by_example() -> None:
-    assert sessions.clean_title("  Refund \u3000") == "Refund"
+    assert session_rules.clean_title("  Refund \u3000") == "Refund"
     for bad in ["", "   ", "\u3000\ufeff", "a\nb", "a\x00", "x" * 201, "\ud800"]:
         with pytest.raises(ValueError, match="title"):
-            sessions.clean_title(bad)
-    assert sessions.is_valid_session_id("whatsapp:1:a/b ü")
-    assert not sessions.is_valid_session_id("a\n")  # `$` would match before a final newline
-    assert not sessions.is_valid_session_id("x" * 256)
-    assert not sessions.is_valid_platform("telegram\n")
-    assert sessions.platform_of("telegram:1:2") == "telegram"
-    assert sessions.platform_of("no-colon") is None
-    assert sessions.platform_of(":x") is None
+            session_rules.clean_title(bad)
+    assert session_rules.is_valid_session_id("whatsapp:1:a/b ü")
+    assert not session_rules.is_valid_session_id("a\n")  # `$` would match before a final newline
+    assert not session_rules.is_valid_session_id("x" * 256)
+    assert not session_rules.is_valid_platform("telegram\n")
+    assert session_rules.platform_of("telegram:1:2") == "telegram"
+    assert session_rules.platform_of("no-colon") is None
+    assert session_rules.platform_of(":x") is None
 
 
 @given(
@@ -89,7 +91,7 @@ def test_anything_else_is_not_a_cursor_or_decodes_to_a_valid_one(token: str) -> 
     except ValueError:
         return
     assert cursor.updated_at.tzinfo is not None
-    assert sessions.is_valid_session_id(cursor.session_id)
+    assert session_rules.is_valid_session_id(cursor.session_id)
 
 
 def test_the_admin_token_is_a_secret_setting(monkeypatch: pytest.MonkeyPatch) -> None:

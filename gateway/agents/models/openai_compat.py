@@ -241,13 +241,18 @@ class OpenAIChatModel:
 
 
 def openai_model_from_spec(
-    spec: str, *, base_url: str | None, api_key: str | None, timeout: float = 60.0
+    spec: str,
+    *,
+    base_url: str | None,
+    api_key: str | None,
+    timeout: float = 60.0,
+    client: httpx.AsyncClient | None = None,
 ) -> OpenAIChatModel:
     """Build the model named by a setting such as `openai:gpt-4o-mini` (the base URL picks the server)."""
     prefix, sep, model = spec.strip().partition(":")
     if prefix != "openai" or not sep or not model.strip():
         raise ValueError(f"expected a model spec of the form 'openai:<model>', got {spec!r}")
-    return OpenAIChatModel(model.strip(), base_url or DEFAULT_BASE_URL, api_key, timeout)
+    return OpenAIChatModel(model.strip(), base_url or DEFAULT_BASE_URL, api_key, timeout, client=client)
 
 
 def _wire_message(message: Message) -> dict[str, Any]:

@@ -4,34 +4,48 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import httpx
+
 from gateway.agents.models.base import Model
 from gateway.agents.models.scripted import ScriptedModel
-from gateway.settings import Settings
 
 ModelFactory = Callable[[Model | str | None], Model]
 
 
-def model_from_spec(spec: str, settings: Settings) -> Model:
+def model_from_spec(
+    spec: str, *, openai_base_url: str, openai_api_key: str | None, http: httpx.AsyncClient | None = None
+) -> Model:
     if spec == "scripted":
         return ScriptedModel()
     if spec.startswith("openai:"):
         from gateway.agents.models.openai_compat import openai_model_from_spec
 
-        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-        return openai_model_from_spec(spec, base_url=settings.openai_base_url, api_key=key)
+        return openai_model_from_spec(spec, base_url=openai_base_url, api_key=openai_api_key, client=http)
     raise ValueError(f"unknown model {spec!r}: use 'scripted' or 'openai:<model>'")
 
 
-def model_factory_from_settings(settings: Settings) -> ModelFactory:
-    """Resolve specs with these settings; None means GATEWAY_MODEL. One Model per spec, shared."""
+def model_factory(
+    default_model: str,
+    *,
+    openai_base_url: str,
+    openai_api_key: str | None,
+    http: httpx.AsyncClient | None = None,
+) -> ModelFactory:
+    """Resolve specs (None means `default_model`, the setting GATEWAY_MODEL); one Model per spec, shared.
+
+    `http`: the service's client for the providers' calls (its owner closes it); without one, each
+    model makes its own.
+    """
     models: dict[str, Model] = {}
 
     def factory(spec: Model | str | None) -> Model:
         if spec is not None and not isinstance(spec, str):
             return spec
-        name = spec or settings.model
+        name = spec or default_model
         if name not in models:
-            models[name] = model_from_spec(name, settings)
+            models[name] = model_from_spec(
+                name, openai_base_url=openai_base_url, openai_api_key=openai_api_key, http=http
+            )
         return models[name]
 
     return factory

@@ -1,0 +1,56 @@
+"""What every command shares: exit codes, the one-line failure, and a Database for the command's run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from alembic.util.exc import CommandError
+
+from gateway.settings import Settings
+from gateway.store import migrations
+from gateway.store.database import FAILURE_ERRORS, Database
+from gateway.store.engine import describe_failure
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+T = TypeVar("T")
+
+
+class CommandFailed(Exception):
+    """A command failed in a way the user can act on; its message is the one line printed."""
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return number
+
+
+def with_database(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
+    """Run `work` on the configured database (opened and closed around it) in its own event loop."""
+
+    async def run() -> T:
+        database = Database.open(settings.database_url)
+        try:
+            return await work(database)
+        except CommandError as exc:
+            raise CommandFailed(str(exc)) from None
+        except FAILURE_ERRORS as exc:
+            raise CommandFailed(describe_failure(settings.database_url, exc)) from None
+        finally:
+            await database.aclose()
+
+    return asyncio.run(run())
+
+
+def with_migrated(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
+    """`with_database`, with the schema brought to head first (a new database works at once)."""
+
+    async def migrated(database: Database) -> T:
+        await migrations.ensure_head(database)
+        return await work(database)
+
+    return with_database(settings, migrated)
