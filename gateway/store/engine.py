@@ -5,6 +5,8 @@ Only the composition root, the CLI and the migration runner call ``create_engine
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,16 @@ def sqlite_file_path(url: str | URL) -> Path | None:
     return Path(parsed.database).expanduser().resolve()
 
 
+def create_private_file(path: Path) -> None:
+    """Create the database file (and its folder) readable by this user only, unless it exists.
+
+    It holds every conversation; SQLite gives its -wal and -shm files the database file's permissions.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 def safe_url(url: str | URL) -> str:
     """The URL with its password hidden, fit for logs and error messages."""
     return make_url(url).render_as_string(hide_password=True)
@@ -95,7 +107,7 @@ def _create_sqlite_engine(url: URL, **kwargs: Any) -> AsyncEngine:
         )
     else:
         assert url.database is not None
-        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        create_private_file(Path(url.database).expanduser())
     engine = create_async_engine(url, **kwargs)
 
     @event.listens_for(engine.sync_engine, "connect")

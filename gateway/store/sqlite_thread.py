@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.store.engine import SQLITE_PRAGMAS
+from gateway.store.engine import SQLITE_PRAGMAS, create_private_file
 
 T = TypeVar("T")
 # How SQLAlchemy's DateTime stores values on SQLite, so rows read the same whoever wrote them.
@@ -169,7 +169,7 @@ class SQLiteThread:
                 self._connection = None
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private_file(self.path)
         # Transactions are explicit (isolation_level=None).
         connection = sqlite3.connect(self.path, isolation_level=None, cached_statements=STATEMENT_CACHE_SIZE)
         for pragma in SQLITE_PRAGMAS:

@@ -10,7 +10,8 @@ from sqlalchemy import delete, func, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.errors import DatabaseUnavailableError
-from gateway.store import migrations
+from gateway.store import dedup, migrations
+from gateway.store.database import Database
 from gateway.store.engine import create_engine, ping
 from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
 from tests.helpers import free_port
@@ -38,6 +39,21 @@ async def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
     finally:
         await engine.dispose()
     assert path.exists()
+
+
+async def test_the_database_files_are_readable_by_their_owner_only(tmp_path: Path) -> None:
+    """They hold every conversation: the file, its WAL and its shared-memory index are mode 0600."""
+    path = tmp_path / "data" / "gateway.db"
+    database = Database.open(f"sqlite+aiosqlite:///{path}")
+    try:
+        await migrations.upgrade(database)
+        assert await dedup.mark(database, "k", "telegram", timedelta(hours=1))  # through the writer thread
+        files = [path, path.with_name("gateway.db-wal"), path.with_name("gateway.db-shm")]
+        assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == dict.fromkeys(
+            (f.name for f in files), "0o600"
+        )
+    finally:
+        await database.aclose()
 
 
 async def test_in_memory_database_is_one_shared_connection() -> None:
