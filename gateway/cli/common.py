@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from alembic.util.exc import CommandError
@@ -29,17 +30,25 @@ def positive_int(value: str) -> int:
     return number
 
 
+@contextmanager
+def database_failures(settings: Settings) -> Iterator[None]:
+    """A migration's or the database's failure as the command's one line (no traceback, no password)."""
+    try:
+        yield
+    except CommandError as exc:
+        raise CommandFailed(str(exc)) from None
+    except FAILURE_ERRORS as exc:
+        raise CommandFailed(describe_failure(settings.database_url, exc)) from None
+
+
 def with_database(settings: Settings, work: Callable[[Database], Awaitable[T]]) -> T:
     """Run `work` on the configured database (opened and closed around it) in its own event loop."""
 
     async def run() -> T:
         database = Database.open(settings.database_url)
         try:
-            return await work(database)
-        except CommandError as exc:
-            raise CommandFailed(str(exc)) from None
-        except FAILURE_ERRORS as exc:
-            raise CommandFailed(describe_failure(settings.database_url, exc)) from None
+            with database_failures(settings):
+                return await work(database)
         finally:
             await database.aclose()
 

@@ -9,15 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import structlog
-from alembic.util.exc import CommandError
 
 from gateway.bootstrap import build_services, load_agent, tune_interpreter
-from gateway.cli.common import EXIT_OK, CommandFailed
+from gateway.cli.common import EXIT_OK, database_failures
 from gateway.platforms.spec import PlatformSpec
 from gateway.settings import Settings
 from gateway.store import migrations
-from gateway.store.database import FAILURE_ERRORS
-from gateway.store.engine import describe_failure
 
 log = structlog.get_logger("gateway.cli")
 
@@ -42,17 +39,14 @@ async def _worker(settings: Settings, platforms: Sequence[PlatformSpec[Any]]) ->
     tune_interpreter()
     services = build_services(settings, platforms)
     try:
-        await migrations.ensure_head(services.database)
+        with database_failures(settings):
+            await migrations.ensure_head(services.database)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         await services.start()
         await stop.wait()
-    except CommandError as exc:
-        raise CommandFailed(str(exc)) from None
-    except FAILURE_ERRORS as exc:
-        raise CommandFailed(describe_failure(settings.database_url, exc)) from None
     finally:
         await services.aclose()
     log.info("worker_stopped", owner=services.worker.owner)
