@@ -163,7 +163,7 @@ def pacing(settings: EchoSettings) -> PacingRule:
     return limits
 
 
-def reply_target(message: Mapping[str, Any]) -> EchoTarget:
+def reply_target(message: InboundMessage) -> EchoTarget:
     return message_target(EchoTarget, message)
 
 

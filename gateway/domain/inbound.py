@@ -6,10 +6,12 @@ worker turns messages into agent turns.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 
 class MessageKind(StrEnum):
@@ -144,6 +146,46 @@ class InboundMessage:
             "raw": self.raw,
         }
 
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], *, platform: str = "", session_id: str = ""
+    ) -> InboundMessage:
+        """The message back from `to_dict()`'s JSON, as an inbox row stores it.
+
+        Tolerant, since rows outlive versions: unknown keys are ignored, missing ones take their
+        defaults, an unknown kind reads as UNSUPPORTED, and the row's own `platform` and `session_id`
+        columns fill what an older row lacks (the chat is then the session id's last part).
+        """
+        platform = _text(data.get("platform")) or platform
+        conversation = data.get("conversation")
+        conversation = conversation if isinstance(conversation, Mapping) else {}
+        chat_id = _text(conversation.get("chat_id")) or session_id.rpartition(":")[2]
+        media, location = data.get("media"), data.get("location")
+        return cls(
+            platform=platform,
+            message_id=_text(data.get("message_id")) or "",
+            dedup_key=_text(data.get("dedup_key")) or "",
+            conversation=ConversationKey(
+                platform=_text(conversation.get("platform")) or platform,
+                chat_id=chat_id,
+                scope=_text(conversation.get("scope")),
+                thread_id=_text(conversation.get("thread_id")),
+            ),
+            kind=_kind(data.get("kind")),
+            timestamp=_timestamp(data.get("timestamp")),
+            user_id=_text(data.get("user_id")),
+            user_name=_text(data.get("user_name")),
+            phone=_text(data.get("phone")),
+            text=_text(data.get("text")),
+            media=_known_fields(MediaRef, media) if isinstance(media, Mapping) else None,
+            location=_known_fields(Location, location) if isinstance(location, Mapping) else None,
+            reply_to_id=_text(data.get("reply_to_id")),
+            addressed_to_bot=data.get("addressed_to_bot") is not False,
+            callback_query_id=_text(data.get("callback_query_id")),
+            chat_type=_text(data.get("chat_type")),
+            raw=data["raw"] if isinstance(data.get("raw"), dict) else {},
+        )
+
     @property
     def chat_id(self) -> str:
         return self.conversation.chat_id
@@ -211,3 +253,38 @@ def agent_text(message: InboundMessage) -> str:
         return f"[location] {place} ({where})" if place else f"[location] {where}"
     label = kind.value.replace("_", " ")
     return f"[{label}] {message.text}" if message.text else f"[{label}]"
+
+
+def _text(value: Any) -> str | None:
+    """Ids arrive as numbers or strings; the domain holds strings."""
+    if value is None or isinstance(value, bool | dict | list):
+        return None
+    return str(value)
+
+
+def _kind(value: Any) -> MessageKind:
+    try:
+        return MessageKind(value)
+    except ValueError:
+        return MessageKind.UNSUPPORTED
+
+
+def _timestamp(value: Any) -> datetime:
+    """An ISO timestamp; the epoch when a row has none (it only orders, never decides)."""
+    try:
+        stamp = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return datetime.fromtimestamp(0, UTC)
+    return stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=UTC)
+
+
+_D = TypeVar("_D", MediaRef, Location)
+
+
+def _known_fields(cls: type[_D], data: Mapping[str, Any]) -> _D | None:
+    """A MediaRef or Location from its stored fields; None when a required one is missing or wrong."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError:
+        return None

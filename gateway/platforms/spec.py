@@ -20,6 +20,7 @@ import httpx
 from pydantic import SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from gateway.domain.inbound import InboundMessage
 from gateway.domain.outbound import ReplyTarget
 from gateway.platforms.base import PlatformAdapter, Sender
 
@@ -94,12 +95,10 @@ def interval(per_period: float, period_seconds: float) -> float:
     return period_seconds / per_period if per_period > 0 else 0.0
 
 
-def message_target(target_type: type[T], message: Mapping[str, Any], **fields: Any) -> T:
-    """A `target_type` for the reply to a stored inbound message (`InboundMessage.to_dict()`): its
-    conversation's chat, the message it answers, and the platform's `fields`."""
-    conversation = message.get("conversation")
-    chat_id = conversation.get("chat_id") if isinstance(conversation, Mapping) else None
-    return target_type.from_json({"chat_id": chat_id, "reply_to": message.get("message_id"), **fields})
+def message_target(target_type: type[T], message: InboundMessage, **fields: Any) -> T:
+    """A `target_type` for the reply to `message`: its conversation's chat, the message it answers,
+    and the platform's `fields`."""
+    return target_type.from_json({"chat_id": message.chat_id, "reply_to": message.message_id, **fields})
 
 
 @dataclass(frozen=True)
@@ -166,7 +165,7 @@ class PlatformSpec(Generic[S]):
     adapter: Callable[[S, str], PlatformAdapter]  # (settings, webhook secret or local key)
     sender: Callable[[S, httpx.AsyncClient], Sender | None]  # None: dry-run
     pacing: Callable[[S], PacingRule]
-    reply_target: Callable[[Mapping[str, Any]], ReplyTarget]  # from a stored InboundMessage.to_dict()
+    reply_target: Callable[[InboundMessage], ReplyTarget]  # where the reply to a message goes
     target_type: type[ReplyTarget]  # decodes stored targets (`from_json`)
     simulate: Callable[[str, str, str, S], SimulatedWebhook]  # (text, user, secret, settings)
     simulate_user: str  # the sender `gateway simulate` uses when given none

@@ -115,13 +115,25 @@ class ClaimedMessage:
     platform: str
     session_id: str
     text: str | None
-    message: dict[str, Any]  # the stored InboundMessage.to_dict()
+    message: InboundMessage
     attempts: int
 
 
 async def claim(db: Database, owner: str, lease: timedelta, limit: int) -> list[ClaimedMessage]:
     rows = await leases.claim(db, InboxRow, _CLAIMED, owner, lease, limit)
-    return [ClaimedMessage(*row) for row in rows]
+    return [
+        ClaimedMessage(
+            row_id,
+            platform,
+            session_id,
+            text,
+            InboundMessage.from_dict(
+                stored if isinstance(stored, dict) else {}, platform=platform, session_id=session_id
+            ),
+            attempts,
+        )
+        for row_id, platform, session_id, text, stored, attempts in rows
+    ]
 
 
 _COMPLETE = (

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from gateway.agents import Message, Runner
+from gateway.domain.inbound import InboundMessage
 from gateway.domain.messages import utcnow
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.domain.text import split_message
@@ -95,7 +96,9 @@ class InboxWorker:
     async def process(self, row: ClaimedMessage) -> None:
         message = row.message
         metadata = {
-            key: message[key] for key in ("platform", "user_id", "user_name", "phone") if message.get(key)
+            key: value
+            for key in ("platform", "user_id", "user_name", "phone")
+            if (value := getattr(message, key))
         }
 
         def commit_with(new_messages: list[Message]) -> TurnCompletion:
@@ -147,8 +150,8 @@ class InboxWorker:
             log.warning("turn_failed", attempts=attempts, retry_in_s=round(delay, 1), error=error)
 
 
-# Each platform's builder of reply targets from a stored message (its spec's `reply_target`).
-ReplyTargets = Mapping[str, Callable[[Mapping[str, Any]], ReplyTarget]]
+# Each platform's builder of reply targets from a message (its spec's `reply_target`).
+ReplyTargets = Mapping[str, Callable[[InboundMessage], ReplyTarget]]
 
 
 def _reply_target(row: ClaimedMessage, builders: ReplyTargets) -> ReplyTarget:
@@ -161,7 +164,7 @@ def _reply_target(row: ClaimedMessage, builders: ReplyTargets) -> ReplyTarget:
 def _replies(row: ClaimedMessage, reply: str, builders: ReplyTargets) -> list[OutboundMessage]:
     target = _reply_target(row, builders)
     entries = []
-    if row.message.get("callback_query_id"):  # the user's spinner stops only when the query is answered
+    if row.message.callback_query_id:  # the user's spinner stops only when the query is answered
         entries.append(OutboundMessage(row.platform, row.session_id, OutboundKind.ANSWER_CALLBACK, target))
     # Platforms cap a message at 4,096 characters: a longer reply goes out as several, in order.
     entries.extend(

@@ -24,6 +24,7 @@ from sqlalchemy import insert, select
 from gateway.app import create_app
 from gateway.bootstrap import build_pacing
 from gateway.cli import main
+from gateway.domain.inbound import InboundMessage
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.platforms.base import DeliveryError
 from gateway.platforms.registry import PLATFORMS, by_name
@@ -138,7 +139,9 @@ def test_fixtures_parse_into_the_platforms_own_messages(spec: PlatformSpec[Any],
     }
     for message in parsed.messages:
         assert message.session_id.startswith(f"{spec.name}:")
-        stored = json.loads(json.dumps(message.to_dict()))  # as the inbox row keeps it
+        # As the inbox row keeps it and the worker's claim reads it back.
+        stored = InboundMessage.from_dict(json.loads(json.dumps(message.to_dict())))
+        assert stored == message
         target = spec.reply_target(stored)
         assert isinstance(target, spec.target_type)
         assert (target.chat_id, target.reply_to) == (message.chat_id, message.message_id)

@@ -105,3 +105,46 @@ def test_to_dict_is_json_ready_and_complete() -> None:
     assert data["media"] == {"id": "m1", "mime_type": "image/jpeg", "caption": "c", "file_name": None}
     assert data["conversation"]["thread_id"] == "7"
     assert data["timestamp"] == NOW.isoformat()
+
+
+def test_from_dict_reads_back_what_to_dict_stored() -> None:
+    import json
+
+    msg = message(
+        MessageKind.LOCATION,
+        location=Location(1.5, 2.5, name="Depot", address="1 Main St"),
+        media=MediaRef("m1", "image/jpeg", caption="c", file_name="a.jpg"),
+        user_id="9",
+        phone="15550001",
+        reply_to_id="3",
+        addressed_to_bot=False,
+        callback_query_id="cb",
+        chat_type="group",
+        raw={"update_id": 1},
+        conversation=ConversationKey("telegram", "42", scope="s", thread_id="7"),
+    )
+    back = InboundMessage.from_dict(json.loads(json.dumps(msg.to_dict())))
+    assert back == msg
+    assert back.raw == {"update_id": 1}
+    assert back.timestamp.tzinfo is not None
+
+
+def test_from_dict_tolerates_rows_of_other_versions() -> None:
+    """An older row (no chat_type, numeric ids, no conversation) and a newer one (unknown keys and
+    kind) both read, with the row's own columns filling the gaps."""
+    old = {"message_id": 17, "kind": "text", "text": "hi", "timestamp": "2026-01-01T00:00:00", "user_id": 5}
+    back = InboundMessage.from_dict(old, platform="telegram", session_id="telegram:42")
+    assert (back.platform, back.chat_id, back.message_id, back.user_id) == ("telegram", "42", "17", "5")
+    assert back.session_id == "telegram:42"
+    assert back.chat_type is None
+    assert back.addressed_to_bot
+    assert back.timestamp == datetime(2026, 1, 1, tzinfo=UTC)
+
+    newer = {**message(MessageKind.TEXT, text="x").to_dict(), "kind": "hologram", "mood": "happy"}
+    newer["media"] = {"id": "m", "resolution": "8k"}
+    newer["location"] = {"latitude": 1.0}  # no longitude: unreadable, dropped
+    back = InboundMessage.from_dict(newer)
+    assert back.kind is MessageKind.UNSUPPORTED
+    assert back.media == MediaRef("m")
+    assert back.location is None
+    assert back.text == "x"

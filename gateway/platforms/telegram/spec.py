@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import httpx
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from gateway.domain.inbound import InboundMessage
 from gateway.domain.outbound import ReplyTarget, TelegramTarget
 from gateway.platforms.base import PlatformAdapter, Sender
 from gateway.platforms.spec import (
@@ -100,17 +100,15 @@ def pacing(settings: TelegramSettings) -> PacingRule:
     return limits
 
 
-def reply_target(message: Mapping[str, Any]) -> TelegramTarget:
+def reply_target(message: InboundMessage) -> TelegramTarget:
     """The chat and forum topic of the message; in a group the reply quotes it (`chat_type`); a pressed
     button's query, to answer."""
-    conversation = message.get("conversation")
-    thread_id = conversation.get("thread_id") if isinstance(conversation, Mapping) else None
     return message_target(
         TelegramTarget,
         message,
-        thread_id=thread_id,
-        chat_type=message.get("chat_type"),
-        callback_query_id=message.get("callback_query_id"),
+        thread_id=message.thread_id,
+        chat_type=message.chat_type,
+        callback_query_id=message.callback_query_id,
     )
 
 

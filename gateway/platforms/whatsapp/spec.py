@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -13,6 +12,7 @@ import structlog
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from gateway.domain.inbound import InboundMessage
 from gateway.domain.outbound import ReplyTarget, WhatsAppTarget
 from gateway.platforms.base import PlatformAdapter, Sender
 from gateway.platforms.spec import (
@@ -82,12 +82,14 @@ def pacing(settings: WhatsAppSettings) -> PacingRule:
     return limits
 
 
-def reply_target(message: Mapping[str, Any]) -> WhatsAppTarget:
+def reply_target(message: InboundMessage) -> WhatsAppTarget:
     """The user (by phone when known, else by business-scoped id) on the business number it wrote to."""
-    conversation = message.get("conversation")
-    scope = conversation.get("scope") if isinstance(conversation, Mapping) else None
     return message_target(
-        WhatsAppTarget, message, scope=scope, phone=message.get("phone"), user_id=message.get("user_id")
+        WhatsAppTarget,
+        message,
+        scope=message.conversation.scope,
+        phone=message.phone,
+        user_id=message.user_id,
     )
 
 
