@@ -146,6 +146,8 @@ def build_delivery(
         build_senders(settings, http, platforms),
         pacing=build_pacing(settings, platforms),
         platforms=platforms,
+        retry_hours=settings.delivery_retry_hours,
+        lease_seconds=settings.lease_seconds,
     )
 
 
@@ -171,7 +173,14 @@ def build_worker(
     platforms: Sequence[PlatformSpec[Any]] = PLATFORMS,
 ) -> InboxWorker:
     """The inbox worker, waking `delivery` after each turn (and starting the typing indicator if set)."""
-    worker = InboxWorker(database, runner, on_committed=delivery.wake, busy=busy, platforms=platforms)
+    worker = InboxWorker(
+        database,
+        runner,
+        on_committed=delivery.wake,
+        busy=busy,
+        platforms=platforms,
+        lease_seconds=settings.lease_seconds,
+    )
     if settings.typing_indicator:
         worker.before_turn = delivery.indicate_typing
     return worker

@@ -111,6 +111,19 @@ class Settings(BaseSettings):
         default=None,
         description="Bearer token of the session admin API (/api/…); the API answers 404 without it.",
     )
+    lease_seconds: float = Field(
+        default=30,
+        ge=3,
+        le=3600,
+        description="Lease of a message or reply being worked on, renewed every third of it while it "
+        "is: a crashed process's conversations are taken over by another within this time.",
+    )
+    delivery_retry_hours: float = Field(
+        default=24,
+        gt=0,
+        description="How long a reply is retried after transient failures (network, 5xx, 429) before "
+        "it is dead (listed and retried by operators); permanent refusals fail at once.",
+    )
 
     @field_validator("model")
     @classmethod

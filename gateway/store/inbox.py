@@ -158,6 +158,10 @@ async def complete_on_engine(conn: AsyncConnection, inbox_id: int, owner: str, n
         raise LeaseLostError(f"inbox row {inbox_id} is no longer held by {owner}")
 
 
+async def renew(db: Database, ids: list[int], owner: str, lease: timedelta) -> set[int]:
+    return await leases.renew(db, InboxRow, ids, owner, lease)
+
+
 async def release(db: Database, inbox_id: int, owner: str) -> bool:
     return await leases.release(db, InboxRow, inbox_id, owner)
 

@@ -25,12 +25,22 @@ from gateway.store.database import Database
 from gateway.store.sqlite_thread import to_sqlite_datetime
 
 Row = tuple[Any, ...]  # (id, *the claimed columns)
+MAX_OWNER_LENGTH = 64  # the lease_owner columns' width
+
+
+def check_owner(owner: str) -> str:
+    """An owner id that fits its column: a longer one would fail every claim in the database (PostgreSQL)
+    rather than here, with a message naming it."""
+    if not owner or len(owner) > MAX_OWNER_LENGTH:
+        raise ValueError(f"a lease owner id has 1 to {MAX_OWNER_LENGTH} characters, got {len(owner)}")
+    return owner
 
 
 async def claim(
     db: Database, table: Any, columns: tuple[str, ...], owner: str, lease: timedelta, limit: int
 ) -> list[Row]:
     """Lease up to `limit` claimable rows of `table` (a mapped class) to `owner`, oldest first."""
+    check_owner(owner)
     if limit <= 0:
         return []
     now = utcnow()
@@ -165,6 +175,35 @@ async def update_row(
             conditions.append(table.status == status)
         result = await conn.execute(update(table).where(*conditions).values(**values))
         return bool(result.rowcount == 1)
+
+    return await db.write(on_file, on_engine)
+
+
+async def renew(db: Database, table: Any, ids: list[int], owner: str, lease: timedelta) -> set[int]:
+    """Extend `owner`'s leases on rows `ids` to `lease` from now; the ids it still held (and now holds
+    longer). A row missing from the answer was taken over after its lease expired, or is finished."""
+    if not ids:
+        return set()
+    lease_until = utcnow() + lease
+    name = table.__tablename__
+    marks = ", ".join("?" * len(ids))
+    statement = (
+        f"UPDATE {name} SET lease_until = ? WHERE id IN ({marks}) AND lease_owner = ? AND status = 'pending' "
+        "RETURNING id"
+    )
+    params = (to_sqlite_datetime(lease_until), *ids, owner)
+
+    def on_file(conn: sqlite3.Connection) -> set[int]:
+        return {row_id for (row_id,) in conn.execute(statement, params)}
+
+    async def on_engine(conn: AsyncConnection) -> set[int]:
+        renewed = await conn.execute(
+            update(table)
+            .where(table.id.in_(ids), table.lease_owner == owner, table.status == "pending")
+            .values(lease_until=lease_until)
+            .returning(table.id)
+        )
+        return {row_id for (row_id,) in renewed}
 
     return await db.write(on_file, on_engine)
 

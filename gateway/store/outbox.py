@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import StatusUpdate
@@ -25,12 +25,15 @@ from gateway.domain.messages import utcnow
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.store import chats, leases
 from gateway.store.database import Database
-from gateway.store.sqlite_thread import to_sqlite_datetime
+from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
 from gateway.store.tables import OutboxRow
 
 ROWS_PER_STATEMENT = 64  # rows per multi-row insert; far below SQLite's limits
 _KINDS = frozenset(kind.value for kind in OutboundKind)
-_CLAIMED = ("platform", "session_id", "kind", "text", "target_json", "attempts")
+_CLAIMED = ("platform", "session_id", "kind", "text", "target_json", "attempts", "retry_until")
+STATUSES = ("pending", "sent", "delivered", "read", "played", "failed", "dead", "dry_run")
+# What an operator may send again: given up after the delivery budget, or refused by the platform.
+RETRYABLE = ("dead", "failed")
 # A status only moves a row forward: a late "delivered" does not undo "read"; "failed" always applies.
 _STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
 
@@ -42,6 +45,7 @@ class ClaimedReply:
     attempts: int
     reachable: bool = True  # False once the platform said the bot was removed from (or blocked in) the chat
     kind: str = ""
+    retry_until: datetime | None = None  # set at its first transient failure: retried until then
 
 
 # --- a turn's replies ------------------------------------------------------------------------------
@@ -201,13 +205,15 @@ async def claim(
 
     rows, unreachable = await db.write(on_file, on_engine)
     claimed = []
-    for row_id, platform, session_id, kind, text, target_json, attempts in rows:
+    for row_id, platform, session_id, kind, text, target_json, attempts, retry_until in rows:
         target_type = targets.get(platform, ReplyTarget)
         target = target_type.from_json(target_json if isinstance(target_json, dict) else {})
         known = kind in _KINDS
         message = OutboundMessage(platform, session_id, OutboundKind(kind), target, text) if known else None
         reachable = (platform, target.chat_id) not in unreachable
-        claimed.append(ClaimedReply(row_id, message, attempts, reachable, kind))
+        if isinstance(retry_until, str):  # the SQLite file's spelling
+            retry_until = from_sqlite_datetime(retry_until)
+        claimed.append(ClaimedReply(row_id, message, attempts, reachable, kind, retry_until))
     return claimed
 
 
@@ -219,7 +225,111 @@ def _chats_of(rows: list[leases.Row]) -> list[chats.Chat]:
     ]
 
 
-async def finish(db: Database, row_id: int, **values: Any) -> bool:
-    """Record a delivery's outcome (its status, the platform's message id or error) and end the lease."""
+async def renew(db: Database, ids: list[int], owner: str, lease: timedelta) -> set[int]:
+    return await leases.renew(db, OutboxRow, ids, owner, lease)
+
+
+async def finish(db: Database, row_id: int, owner: str, **values: Any) -> bool:
+    """Record a delivery's outcome (its status, the platform's message id or error) and end the lease,
+    if `owner` still holds it; False (nothing written) when another process took the row over."""
     values.update(lease_owner=None, lease_until=None, updated_at=utcnow())
-    return await leases.update_row(db, OutboxRow, row_id, values)
+    return await leases.update_row(db, OutboxRow, row_id, values, lease_owner=owner, status="pending")
+
+
+# --- operators -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OutboxItem:
+    id: int
+    inbox_id: int | None
+    platform: str
+    session_id: str
+    kind: str
+    status: str
+    attempts: int
+    error_code: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+    next_attempt_at: datetime
+    retry_until: datetime | None
+
+
+_ITEM_COLUMNS = (
+    OutboxRow.id,
+    OutboxRow.inbox_id,
+    OutboxRow.platform,
+    OutboxRow.session_id,
+    OutboxRow.kind,
+    OutboxRow.status,
+    OutboxRow.attempts,
+    OutboxRow.error_code,
+    OutboxRow.error_message,
+    OutboxRow.created_at,
+    OutboxRow.updated_at,
+    OutboxRow.next_attempt_at,
+    OutboxRow.retry_until,
+)
+
+
+async def list_items(db: Database, status: str | None = None, limit: int = 50) -> list[OutboxItem]:
+    """Newest first, optionally of one status (the `dead` view: replies given up on)."""
+    query = select(*_ITEM_COLUMNS).order_by(OutboxRow.id.desc())
+    if status is not None:
+        query = query.where(OutboxRow.status == status)
+    async with db.connect() as conn:
+        return [OutboxItem(**row._mapping) for row in await conn.execute(query.limit(limit))]
+
+
+async def get_item(db: Database, outbox_id: int) -> OutboxItem | None:
+    async with db.connect() as conn:
+        row = (await conn.execute(select(*_ITEM_COLUMNS).where(OutboxRow.id == outbox_id))).one_or_none()
+    return None if row is None else OutboxItem(**row._mapping)
+
+
+async def requeue(db: Database, outbox_id: int) -> OutboxItem | None:
+    """Send a dead or failed reply again, with fresh attempts and a fresh budget; the row as the requeue
+    left it, or None if there is no dead or failed row with that id. Its conversation's later replies,
+    already sent, stay sent: this one arrives after them."""
+    now = utcnow()
+    statement = (
+        update(OutboxRow)
+        .where(OutboxRow.id == outbox_id, OutboxRow.status.in_(RETRYABLE))
+        .values(
+            status="pending",
+            attempts=0,
+            next_attempt_at=now,
+            retry_until=None,
+            error_code=None,
+            error_message=None,
+            lease_owner=None,
+            lease_until=None,
+            updated_at=now,
+        )
+        .returning(*_ITEM_COLUMNS)
+    )
+    async with db.begin() as conn:
+        row = (await conn.execute(statement)).one_or_none()
+    return None if row is None else OutboxItem(**row._mapping)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A platform's replies held back by transient failures (an outage): how many, since when."""
+
+    platform: str
+    rows: int
+    gives_up_at: datetime | None  # when the first of them is given up on (dead) if it keeps failing
+
+
+async def waiting(db: Database) -> list[Waiting]:
+    """Pending rows that have failed at least once, by platform: replies waiting on an unreachable
+    (or throttling) platform. Read through the (status, next_attempt_at) index."""
+    query = (
+        select(OutboxRow.platform, func.count(), func.min(OutboxRow.retry_until))
+        .where(OutboxRow.status == "pending", OutboxRow.attempts > 0)
+        .group_by(OutboxRow.platform)
+        .order_by(OutboxRow.platform)
+    )
+    async with db.connect() as conn:
+        rows = list(await conn.execute(query))
+    return [Waiting(platform, count, oldest) for platform, count, oldest in rows]

@@ -147,10 +147,13 @@ class OutboxRow(Base):
     kind: Mapped[str] = mapped_column(String(32))  # text, answer_callback
     text: Mapped[str | None] = mapped_column(Text)
     target_json: Mapped[dict[str, Any]]  # where it goes: chat, thread, recipient, reply-to
-    # pending, sent, delivered, read, failed, dry_run
+    # pending, sent, delivered, read, failed (refused for good), dead (gave up after retrying for the
+    # delivery budget), dry_run
     status: Mapped[str] = mapped_column(String(16))
     attempts: Mapped[int] = mapped_column(default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Transient failures are retried until then: set at the first, cleared by an operator's retry.
+    retry_until: Mapped[datetime | None]
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_until: Mapped[datetime | None]
     platform_message_id: Mapped[str | None] = mapped_column(String(255), index=True)

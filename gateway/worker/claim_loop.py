@@ -5,23 +5,75 @@ claim waits until a quarter of the slots are free, since a claim reads the backl
 While `busy()` says this process's webhooks wait for their commit (a flood), at most BUSY_CLAIM_ROWS
 new rows start every BUSY_CLAIM_DELAY_SECONDS (rows in flight go on): acknowledgements come first,
 and a flood's backlog is worked off right after it.
+
+Leases are short (a crashed process's rows are taken over within one lease) and a heartbeat renews
+those of the rows in flight every third of a lease, so a slow model call or a long wait for a pacing
+slot keeps its row. A row whose lease was nevertheless lost (the database was away longer than the
+lease, and another process took the row) has its task cancelled: its result could not be recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+import secrets
+import socket
+import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
 log = structlog.get_logger(__name__)
 
-Row = TypeVar("Row")
 IDLE_POLL_SECONDS = 0.5  # how often an idle loop looks for rows other processes stored
 # A scripted turn costs the event loop ~0.8 ms, so 32 every 0.2 s still took 13% of it during a flood.
 BUSY_CLAIM_DELAY_SECONDS = 0.2
 BUSY_CLAIM_ROWS = 4
+DEFAULT_LEASE_SECONDS = 30.0  # how long a crashed process's rows wait before another takes them
+HOST_CHARS = 32  # of the host name in an owner id: Kubernetes pod names reach 63, the column holds 64
+
+
+class HasId(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+Row = TypeVar("Row", bound=HasId)
+
+
+def owner_id(role: str, host: str | None = None) -> str:
+    """A lease owner id for one loop of this process: host (shortened), pid, a random tag and the role.
+
+    Unique per start (a restarted process never mistakes its predecessor's leases for its own) and at
+    most 32 + 1 + 7 + 1 + 6 + 1 + len(role) characters, within the lease_owner column's 64.
+    """
+    host = (host if host is not None else socket.gethostname())[:HOST_CHARS]
+    return f"{host}:{os.getpid()}:{secrets.token_hex(3)}:{role}"
+
+
+@dataclass
+class ClaimHealth:
+    """How this loop's claims fare, for /readyz and /metrics: a claim that keeps failing (database
+    away, a schema or owner id it refuses) stops every turn or delivery of this process."""
+
+    failures: int = 0  # claims (and lease renewals) that failed, since start
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    failing_since: float | None = None  # time.monotonic() of the first of the current failures
+
+    def failed(self, error: BaseException) -> None:
+        self.failures += 1
+        self.consecutive_failures += 1
+        self.last_error = type(error).__name__
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+
+    def succeeded(self) -> None:
+        self.consecutive_failures = 0
+        self.failing_since = None
 
 
 class ClaimLoop(Generic[Row]):
@@ -32,15 +84,23 @@ class ClaimLoop(Generic[Row]):
         process: Callable[[Row], Coroutine[Any, Any, None]],
         concurrency: int,
         *,
+        renew: Callable[[list[int]], Awaitable[set[int]]],
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         busy: Callable[[], bool] = lambda: False,
     ) -> None:
+        """`claim(limit)` leases rows for `lease_seconds`; `renew(ids)` extends the leases of rows in
+        flight and answers the ids still held."""
         self.name = name
         self.claim = claim
         self.process = process
         self.concurrency = concurrency
+        self.renew = renew
+        self.lease_seconds = lease_seconds
         self.busy = busy
+        self.health = ClaimHealth()
         self._wake = asyncio.Event()
         self._claim_at = max(1, concurrency // 4)  # free slots worth a claim while others are busy
+        self._in_flight: dict[int, asyncio.Task[None]] = {}
 
     def wake(self) -> None:
         """New rows were stored in this process: look now instead of at the next poll."""
@@ -49,6 +109,7 @@ class ClaimLoop(Generic[Row]):
     async def run(self) -> None:
         """Claim and process rows until cancelled; rows in flight are cancelled with it."""
         running: set[asyncio.Task[None]] = set()
+        heartbeat = asyncio.create_task(self._heartbeat(), name=f"{self.name}-heartbeat")
         try:
             while True:
                 busy = self.busy()
@@ -68,14 +129,51 @@ class ClaimLoop(Generic[Row]):
                 for row in claimed:
                     task = asyncio.create_task(self.process(row), name=self.name)
                     running.add(task)
+                    self._in_flight[row.id] = task
                     task.add_done_callback(running.discard)
-                    task.add_done_callback(lambda _: self._wake.set())
+                    task.add_done_callback(functools.partial(self._finished, row.id))
                 if not claimed:
                     await self._idle()
         finally:
+            heartbeat.cancel()
             for task in running:
                 task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.gather(heartbeat, *running, return_exceptions=True)
+
+    def _finished(self, row_id: int, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(row_id, None)
+        self._wake.set()
+
+    async def renew_now(self, row_id: int) -> bool:
+        """Extend one row's lease before an action that must not be repeated (a send after a wait):
+        False when the row is no longer ours. A failed renewal (database away) counts as not ours."""
+        try:
+            held = await self.renew([row_id])
+        except Exception as exc:
+            self.health.failed(exc)
+            log.warning(f"{self.name}_lease_renewal_failed", error=type(exc).__name__)
+            return False
+        return row_id in held
+
+    async def _heartbeat(self) -> None:
+        """Every third of a lease, renew the leases of the rows in flight; cancel the tasks of rows
+        found taken over. A failed renewal is retried at the next beat (two more before expiry)."""
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            ids = list(self._in_flight)
+            if not ids:
+                continue
+            try:
+                held = await self.renew(ids)
+            except Exception as exc:
+                self.health.failed(exc)
+                log.warning(f"{self.name}_lease_renewal_failed", error=type(exc).__name__, rows=len(ids))
+                continue
+            for row_id in ids:
+                task = self._in_flight.get(row_id)
+                if row_id not in held and task is not None and not task.done():
+                    log.warning(f"{self.name}_lease_lost", row_id=row_id)
+                    task.cancel()
 
     async def run_until_idle(self) -> int:
         """Process rows until none is claimable; return how many (for tests and one-shot use)."""
@@ -87,10 +185,13 @@ class ClaimLoop(Generic[Row]):
 
     async def _claim_safely(self, limit: int) -> list[Row]:
         try:
-            return await self.claim(limit)
+            claimed = await self.claim(limit)
         except Exception as exc:  # the database may be briefly away; try again at the next poll
+            self.health.failed(exc)
             log.warning(f"{self.name}_claim_failed", error=type(exc).__name__)
             return []
+        self.health.succeeded()
+        return claimed
 
     async def _idle(self) -> None:
         """Sleep until woken or IDLE_POLL_SECONDS pass: new work here, or time to poll for others'."""

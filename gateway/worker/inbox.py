@@ -10,10 +10,7 @@ lost its lease commits nothing.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import socket
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -31,12 +28,11 @@ from gateway.store import inbox
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage, LeaseLostError
 from gateway.store.turns import TurnCompletion
-from gateway.worker.claim_loop import ClaimLoop
+from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_CONCURRENCY = 32
-LEASE_SECONDS = 300  # longer than any turn should take; a dead worker's rows wait this long
 MAX_ATTEMPTS = 5
 BACKOFF_CAP_SECONDS = 300
 
@@ -48,7 +44,7 @@ class InboxWorker:
         runner: Runner,
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
-        lease_seconds: float = LEASE_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
         on_committed: Callable[[], None] = lambda: None,
@@ -67,10 +63,16 @@ class InboxWorker:
         self.reply_targets: ReplyTargets = {spec.name: spec.reply_target for spec in platforms}
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.owner = owner or owner_id("in")
         # Through lambdas, so the loop always calls the current methods (tests wrap them).
         self.loop = ClaimLoop(
-            "worker", lambda limit: self.claim(limit), lambda row: self.process(row), concurrency, busy=busy
+            "worker",
+            lambda limit: self.claim(limit),
+            lambda row: self.process(row),
+            concurrency,
+            renew=lambda ids: inbox.renew(self.database, ids, self.owner, self.lease),
+            lease_seconds=lease_seconds,
+            busy=busy,
         )
 
     @property

@@ -3,24 +3,27 @@
 The platform's message id is stored in the same statement that marks the row sent, so a row is sent at
 most once after the platform accepted it (the only window is a crash between the two; on an SQLite
 file that statement commits with the other writes queued at the same moment, see store/database.py).
-Transient failures back off (honouring the platform's retry-after); permanent ones are recorded with
-the platform's code. A platform without a sending token is dry-run: the row is marked `dry_run` and
-logged (its length, never its text), so the whole path can be watched offline.
+Transient failures (network, 5xx, 429, throttling codes) back off, honouring the platform's
+retry-after, and are retried for a time budget counted from the first failure (GATEWAY_DELIVERY_RETRY_HOURS,
+24 h by default): a platform outage of hours loses nothing. A row still failing after it is `dead`;
+a permanent failure (blocked bot, bad request) is `failed` at once. Operators list and retry both
+(`gateway outbox`, the admin API, the console). A platform without a sending token is dry-run: the
+row is marked `dry_run` and logged (its length, never its text), so the whole path can be watched offline.
 
 Up to `concurrency` rows are in flight at once (worker/claim_loop.py), each recorded as soon as its
 platform answered. A conversation's next row becomes claimable only once the row before it is
-recorded, so replies leave in order.
+recorded, so replies leave in order. Every outcome is recorded only while this process still holds
+the row's lease; a row that waited for its pacing slot has its lease renewed (and checked) right
+before it is sent, so a row is never sent by two processes because one waited past its lease.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import math
 import random
-import socket
-import uuid
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -33,15 +36,14 @@ from gateway.platforms.spec import PlatformSpec
 from gateway.store import outbox
 from gateway.store.database import Database
 from gateway.store.outbox import ClaimedReply
-from gateway.worker.claim_loop import ClaimLoop
+from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
 from gateway.worker.pacing import Pacer, PacingLimits
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_CONCURRENCY = 16  # sends in flight at once
-LEASE_SECONDS = 60
-MAX_ATTEMPTS = 8
-BACKOFF_CAP_SECONDS = 600
+DEFAULT_RETRY_HOURS = 24.0  # how long transient failures are retried (WhatsApp itself retries 7 days)
+BACKOFF_CAP_SECONDS = 600  # the longest wait between two attempts, a platform's retry-after included
 
 
 class OutboxDelivery:
@@ -51,7 +53,8 @@ class OutboxDelivery:
         senders: dict[str, Sender],
         *,
         concurrency: int = DEFAULT_CONCURRENCY,
-        max_attempts: int = MAX_ATTEMPTS,
+        retry_hours: float = DEFAULT_RETRY_HOURS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         owner: str | None = None,
         pacing: PacingLimits | None = None,
         platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
@@ -63,10 +66,16 @@ class OutboxDelivery:
         self.pacing = pacing
         self.target_types = {spec.name: spec.target_type for spec in platforms}
         self._pacer = Pacer()
-        self.max_attempts = max_attempts
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}:out"
+        self.retry_budget = timedelta(hours=retry_hours)
+        self.lease = timedelta(seconds=lease_seconds)
+        self.owner = owner or owner_id("out")
         self.loop = ClaimLoop(
-            "delivery", lambda limit: self.claim(limit), lambda row: self.deliver(row), concurrency
+            "delivery",
+            lambda limit: self.claim(limit),
+            lambda row: self.deliver(row),
+            concurrency,
+            renew=lambda ids: outbox.renew(self.database, ids, self.owner, self.lease),
+            lease_seconds=lease_seconds,
         )
         self._recording: set[asyncio.Task[bool]] = set()
         self._typing: set[asyncio.Task[None]] = set()
@@ -104,15 +113,12 @@ class OutboxDelivery:
         return await self.loop.run_until_idle()
 
     async def claim(self, limit: int) -> list[ClaimedReply]:
-        return await outbox.claim(
-            self.database, self.owner, timedelta(seconds=LEASE_SECONDS), limit, self.target_types
-        )
+        return await outbox.claim(self.database, self.owner, self.lease, limit, self.target_types)
 
     async def deliver(self, row: ClaimedReply) -> None:
         message = row.message
         if message is None:  # a kind this version cannot send: retrying will not help
-            error = DeliveryError(f"unknown outbox kind {row.kind!r}", permanent=True)
-            await self._failed(row.id, row.attempts + 1, error)
+            await self._failed(row, DeliveryError(f"unknown outbox kind {row.kind!r}", permanent=True))
             return
         if not row.reachable:
             log.warning(
@@ -122,7 +128,7 @@ class OutboxDelivery:
                 session_id=message.session_id,
             )
             await self._finish(
-                row.id,
+                row,
                 status="failed",
                 error_code="unreachable",
                 error_message="the bot was removed or blocked",
@@ -138,23 +144,26 @@ class OutboxDelivery:
                 kind=message.kind.value,
                 chars=len(message.text or ""),  # never the text itself: `gateway simulate` prints it
             )
-            await self._finish(row.id, status="dry_run")
+            await self._finish(row, status="dry_run")
             return
         if self.pacing is not None and message.kind is OutboundKind.TEXT:
             delay = self._pacer.reserve(self.pacing.limits(message.platform, message.target))
             if delay > 0:
                 await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
+                # The heartbeat kept the lease while we waited, unless the database was away: check
+                # (and extend) it before sending, or another process may be sending this row too.
+                if not await self.loop.renew_now(row.id):
+                    log.warning("reply_lease_lost", outbox_id=row.id, platform=message.platform)
+                    return
         try:
             message_id = await sender.send(message)
         except DeliveryError as exc:
-            await self._failed(row.id, row.attempts + 1, exc)
+            await self._failed(row, exc)
             return
         except Exception as exc:  # a bug or an unexpected answer: retried like a transient failure
-            await self._failed(
-                row.id, row.attempts + 1, DeliveryError(f"{type(exc).__name__}: {exc}", permanent=False)
-            )
+            await self._failed(row, DeliveryError(f"{type(exc).__name__}: {exc}", permanent=False))
             return
-        await self._finish(row.id, status="sent", platform_message_id=message_id)
+        await self._finish(row, status="sent", platform_message_id=message_id)
         log.info(
             "reply_sent",
             outbox_id=row.id,
@@ -163,29 +172,60 @@ class OutboxDelivery:
             kind=message.kind.value,
         )
 
-    async def _finish(self, row_id: int, **values: Any) -> None:
-        # A task of its own, shielded: a send the platform accepted is recorded even when shutdown
-        # cancels the delivery, which waits for it (see run).
-        recording = asyncio.ensure_future(outbox.finish(self.database, row_id, **values))
+    async def _finish(self, row: ClaimedReply, **values: Any) -> bool:
+        """Record an outcome while this process holds the row; False (and logged) when it did not.
+
+        A task of its own, shielded: a send the platform accepted is recorded even when shutdown
+        cancels the delivery, which waits for it (see run)."""
+        recording = asyncio.ensure_future(outbox.finish(self.database, row.id, self.owner, **values))
         self._recording.add(recording)
         recording.add_done_callback(self._recording.discard)
-        await asyncio.shield(recording)
+        recorded = await asyncio.shield(recording)
+        if not recorded:
+            # Only after the database was away for longer than a lease: another process took the
+            # row over and will decide its fate (for a sent row: the documented duplicate window).
+            log.warning("reply_outcome_not_recorded", outbox_id=row.id, status=values.get("status"))
+        return recorded
 
-    async def _failed(self, row_id: int, attempts: int, exc: DeliveryError) -> None:
-        final = exc.permanent or attempts >= self.max_attempts
-        delay = exc.retry_after or min(BACKOFF_CAP_SECONDS, 2**attempts) * random.uniform(0.5, 1.0)
+    async def _failed(self, row: ClaimedReply, exc: DeliveryError) -> None:
+        now = utcnow()
+        attempts = row.attempts + 1
+        retry_until = row.retry_until or now + self.retry_budget
+        delay = backoff_seconds(attempts, exc.retry_after)
+        next_attempt = now + timedelta(seconds=delay)
+        status = "failed" if exc.permanent else "dead" if next_attempt > retry_until else "pending"
         values: dict[str, Any] = {
             "attempts": attempts,
             "error_code": exc.code,
             "error_message": str(exc)[:1000],
-            "next_attempt_at": utcnow() + timedelta(seconds=delay),
+            "next_attempt_at": next_attempt,
+            "retry_until": retry_until,
+            "status": status,
         }
-        if final:
-            values["status"] = "failed"
-        await self._finish(row_id, **values)
-        if final:
-            log.error("reply_failed", outbox_id=row_id, code=exc.code, attempts=attempts, error=str(exc))
-        else:
-            log.warning(
-                "reply_retry", outbox_id=row_id, code=exc.code, attempts=attempts, retry_in_s=round(delay, 1)
+        if not await self._finish(row, **values):
+            return
+        fields = {"outbox_id": row.id, "code": exc.code, "attempts": attempts}
+        if status == "failed":
+            log.error("reply_failed", **fields, error=str(exc))
+        elif status == "dead":
+            log.error(
+                "reply_dead",
+                **fields,
+                retried_for_s=round(_seconds_since(retry_until, self.retry_budget, now)),
             )
+        else:
+            log.warning("reply_retry", **fields, retry_in_s=round(delay, 1))
+
+
+def backoff_seconds(attempts: int, retry_after: float | None) -> float:
+    """The wait before attempt `attempts + 1`: the platform's retry-after when it gave a usable one,
+    else exponential with jitter; at most BACKOFF_CAP_SECONDS either way (a huge or broken retry-after
+    must not overflow a datetime nor park a reply for a year)."""
+    if retry_after is not None and math.isfinite(retry_after) and retry_after > 0:
+        return min(float(retry_after), BACKOFF_CAP_SECONDS)
+    return min(BACKOFF_CAP_SECONDS, 2.0 ** min(attempts, 16)) * random.uniform(0.5, 1.0)
+
+
+def _seconds_since(retry_until: datetime, budget: timedelta, now: datetime) -> float:
+    """How long the row has been retried: from its first failure (its budget's start) to now."""
+    return (now - (retry_until - budget)).total_seconds()

@@ -174,7 +174,8 @@ def _telegram_target(target: ReplyTarget) -> TelegramTarget:
 def _delivery_error(exc: TelegramAPIError) -> DeliveryError:
     # 429 and server errors pass; 400/403 (bad request, bot blocked) will not get better.
     permanent = exc.code is not None and 400 <= exc.code < 500 and exc.code != 429
-    return DeliveryError(str(exc), permanent=permanent, code=str(exc.code), retry_after=exc.retry_after)
+    code = None if exc.code is None else str(exc.code)  # None: no answer at all (network)
+    return DeliveryError(str(exc), permanent=permanent, code=code, retry_after=_seconds(exc.retry_after))
 
 
 def _chat_id(value: Any) -> int | None:
@@ -189,3 +190,10 @@ def _chat_id(value: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def _seconds(value: Any) -> float | None:
+    """Telegram's retry_after as a number of seconds; None for anything else a broken answer holds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
