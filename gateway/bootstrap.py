@@ -78,10 +78,15 @@ class Services:
 def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS) -> Services:
     """Everything `gateway serve` runs (and `gateway worker`, which leaves the webhooks out)."""
     by_name(platforms)  # ValueError for two platforms of one name, before anything is built
-    database = Database.open(settings.database_url)
+    database = Database.open(settings.database_url, statement_timeout=settings.database_timeout_seconds)
     http = http_client(HTTP_TIMEOUT_SECONDS)
     delivery = build_delivery(settings, database, http, platforms)
-    ingest = Ingest(database, timedelta(hours=settings.dedup_ttl_hours))
+    ingest = Ingest(
+        database,
+        timedelta(hours=settings.dedup_ttl_hours),
+        timeout=settings.database_timeout_seconds,
+        max_waiting=settings.max_queued_webhooks,
+    )
     runner = build_runner(settings, database, http)
     worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy, platforms=platforms)
     return Services(

@@ -111,6 +111,18 @@ class Settings(BaseSettings):
         default=None,
         description="Bearer token of the session admin API (/api/…); the API answers 404 without it.",
     )
+    database_timeout_seconds: float = Field(
+        default=5,
+        gt=0,
+        le=600,
+        description="The longest a webhook waits for its commit (then 503, and the platform retries); "
+        "on PostgreSQL also each statement's statement_timeout.",
+    )
+    max_queued_webhooks: int = Field(
+        default=2000,
+        ge=1,
+        description="Webhooks waiting for a commit at once; more get 503 at once (back-pressure).",
+    )
     lease_seconds: float = Field(
         default=30,
         ge=3,

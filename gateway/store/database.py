@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+    StatementError,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.store.engine import SQLITE_IMMEDIATE, create_engine, sqlite_file_path
@@ -58,6 +66,35 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
+# What a database raises when it refuses a value (not when it is away): a group commit that fails with
+# one of these is committed again one submission at a time (see group_commit.py).
+_REFUSED_VALUE_ERRORS: tuple[type[BaseException], ...] = (
+    DataError,
+    IntegrityError,
+    ValueError,
+    TypeError,
+    RecursionError,
+    sqlite3.DataError,
+    sqlite3.IntegrityError,
+    sqlite3.InterfaceError,
+    sqlite3.ProgrammingError,
+)
+
+
+def refused_value(exc: BaseException) -> bool:
+    """Whether `exc` says the database (or its driver, or the encoder before it) refused a value."""
+    if isinstance(exc, StatementError) and not isinstance(exc, DBAPIError):
+        return True  # raised while binding a parameter, before the database saw the statement
+    if isinstance(exc, DBAPIError) and not isinstance(exc, DataError | IntegrityError):
+        # asyncpg's errors reach SQLAlchemy wrapped: look at the driver's own error.
+        driver_error = getattr(exc.orig, "__cause__", None) or exc.orig
+        sqlstate = str(getattr(driver_error, "sqlstate", "") or "")
+        # 22: data exception (NUL, too long, bad JSON), 23: integrity; a ValueError: refused on the
+        # client side (a value of the wrong type for its column).
+        return sqlstate.startswith(("22", "23")) or isinstance(driver_error, ValueError | TypeError)
+    return isinstance(exc, _REFUSED_VALUE_ERRORS)
+
+
 # Everything a database call may raise besides a bug: for a command's one-line failure message.
 FAILURE_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
 MAX_OPERATIONS_PER_COMMIT = 1000  # keeps the write lock short for other processes on the file
@@ -166,7 +203,7 @@ class _EngineBackend:
 
             task.add_done_callback(finished)
 
-        batcher = GroupCommit(commit, in_flight=1, max_batch=MAX_BATCH_ITEMS)
+        batcher = GroupCommit(commit, in_flight=1, max_batch=MAX_BATCH_ITEMS, isolate=refused_value)
         self._batchers.append(batcher)
         return batcher
 
@@ -213,7 +250,9 @@ class _FileBackend:
         def commit(items: list[Item], done: Done) -> None:
             self.thread.post(on_file(items), done, urgent=urgent)
 
-        batcher = GroupCommit(commit, in_flight=HOPS_IN_FLIGHT, max_batch=MAX_BATCH_ITEMS)
+        batcher = GroupCommit(
+            commit, in_flight=HOPS_IN_FLIGHT, max_batch=MAX_BATCH_ITEMS, isolate=refused_value
+        )
         self._batchers.append(batcher)
         return batcher
 

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from gateway.errors import DatabaseUnavailableError
+from gateway.store import storable
 
 SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -86,13 +87,19 @@ def safe_url(url: str | URL) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
+def create_engine(url: str | URL, *, statement_timeout: float | None = None, **kwargs: Any) -> AsyncEngine:
+    """An engine for `url`. `statement_timeout` (seconds, the service's): on PostgreSQL each statement's
+    server-side limit and the wait for a pooled connection; migrations and the CLI run without one."""
+    # JSON columns are encoded by the storable rule (NaN as null, bounded depth; see storable.py).
+    kwargs.setdefault("json_serializer", storable.json_text)
     parsed = async_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _create_sqlite_engine(parsed, **kwargs)
-    return create_async_engine(
-        parsed, pool_pre_ping=True, connect_args={"timeout": CONNECT_TIMEOUT_SECONDS}, **kwargs
-    )
+    connect_args: dict[str, Any] = {"timeout": CONNECT_TIMEOUT_SECONDS}
+    if statement_timeout is not None:
+        connect_args["server_settings"] = {"statement_timeout": str(max(1, round(statement_timeout * 1000)))}
+        kwargs.setdefault("pool_timeout", statement_timeout)
+    return create_async_engine(parsed, pool_pre_ping=True, connect_args=connect_args, **kwargs)
 
 
 def _create_sqlite_engine(url: URL, **kwargs: Any) -> AsyncEngine:

@@ -8,6 +8,10 @@ batch's outcomes, one outcome per submission. Nobody is answered before their ba
 
 Up to `in_flight` batches are handed over at once: on an SQLite file the writer thread then goes
 from one to the next without waiting for the event loop between them.
+
+When a batch fails as a whole with an error that `isolate` says is about one submission's values (the
+database refused a value), its submissions are committed again one at a time: only the offender gets
+the error, the others their own outcomes. Other errors (the database is away) fail the whole batch.
 """
 
 from __future__ import annotations
@@ -35,11 +39,20 @@ class _Submission(Generic[Item]):
 class GroupCommit(Generic[Item]):
     """Batches submissions; `submit(item)` resolves once the batch holding it committed."""
 
-    def __init__(self, commit: Commit[Item], *, in_flight: int, max_batch: int) -> None:
+    def __init__(
+        self,
+        commit: Commit[Item],
+        *,
+        in_flight: int,
+        max_batch: int,
+        isolate: Callable[[BaseException], bool] = lambda exc: False,
+    ) -> None:
         self._commit = commit
         self._in_flight_limit = in_flight
         self._max_batch = max_batch
+        self._isolate = isolate
         self._queue: list[_Submission[Item]] = []
+        self._alone: list[_Submission[Item]] = []  # of a failed batch: committed one at a time
         self._in_flight = 0
         self._scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -50,6 +63,7 @@ class GroupCommit(Generic[Item]):
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new event loop (asyncio.run once per call): start afresh
             self._loop, self._queue, self._in_flight, self._scheduled, self._idle = loop, [], 0, False, None
+            self._alone = []
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Submission(item, future))
         self.waiting += 1
@@ -69,14 +83,19 @@ class GroupCommit(Generic[Item]):
 
     def _schedule(self) -> None:
         """Start a batch at the loop's next turn (what ready tasks submit meanwhile joins it), if one may."""
-        if self._queue and not self._scheduled and self._in_flight < self._in_flight_limit and self._loop:
+        ready = self._queue or self._alone
+        if ready and not self._scheduled and self._in_flight < self._in_flight_limit and self._loop:
             self._scheduled = True
             self._loop.call_soon(self._start)
 
     def _start(self) -> None:
         self._scheduled = False
-        pending = [s for s in self._queue if not s.future.done()]  # a cancelled caller's item never runs
-        batch, self._queue = pending[: self._max_batch], pending[self._max_batch :]
+        self._alone = [s for s in self._alone if not s.future.done()]
+        if self._alone:
+            batch = [self._alone.pop(0)]
+        else:
+            pending = [s for s in self._queue if not s.future.done()]  # a cancelled caller's item never runs
+            batch, self._queue = pending[: self._max_batch], pending[self._max_batch :]
         if not batch:
             return
         self._in_flight += 1
@@ -93,6 +112,10 @@ class GroupCommit(Generic[Item]):
         self, batch: list[_Submission[Item]], outcomes: list[Outcome] | None, exc: BaseException | None
     ) -> None:
         self._in_flight -= 1
+        if exc is not None and len(batch) > 1 and self._isolate(exc):
+            self._alone.extend(batch)
+            self._schedule()
+            return
         for index, submission in enumerate(batch):
             future = submission.future
             if future.done():

@@ -7,21 +7,19 @@ worker claims it (gateway/store/leases.py) and its turn marks it done in the tur
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-import orjson
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import InboundMessage, agent_text
 from gateway.domain.messages import utcnow
 from gateway.errors import GatewayError
-from gateway.store import leases, outbox
+from gateway.store import leases, outbox, storable
 from gateway.store.database import Database
 from gateway.store.sqlite_thread import to_sqlite_datetime
 from gateway.store.tables import InboxRow
@@ -52,7 +50,7 @@ def insert_params(message: InboundMessage, pending: bool, stamp: str) -> InsertP
         message.message_id,
         message.kind.value,
         agent_text(message),
-        json_text(message.to_dict()),
+        storable.json_text(message.to_dict()),
         status_of(pending),
         stamp,
         stamp,
@@ -97,15 +95,6 @@ def insert_values(message: InboundMessage, pending: bool, now: datetime) -> dict
 
 def insert(db: Database, rows: list[dict[str, Any]]) -> Any:
     return db.insert(InboxRow).values(rows).on_conflict_do_nothing()
-
-
-def json_text(value: dict[str, Any]) -> str:
-    """orjson, a tenth of json.dumps' time on the webhook path; json.dumps for what orjson refuses
-    (a lone surrogate from a "\\ud800" escape, an integer over 64 bits), so any JSON is stored."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:
-        return json.dumps(value)
 
 
 # --- the worker ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ every statement costs the thread a wait for the GIL while the event loop keeps i
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import sqlite3
@@ -25,7 +26,8 @@ from typing import Any
 
 from gateway.domain.inbound import InboundMessage, MembershipChange, ParsedUpdate, StatusUpdate
 from gateway.domain.messages import utcnow
-from gateway.store import chats, dedup, inbox, outbox
+from gateway.errors import GatewayError
+from gateway.store import chats, dedup, inbox, outbox, storable
 from gateway.store.database import Database
 from gateway.store.group_commit import Outcome
 from gateway.store.sqlite_thread import in_transaction, to_sqlite_datetime
@@ -52,13 +54,36 @@ class _Item:
     membership: MembershipChange | None = None
 
 
+DEFAULT_TIMEOUT_SECONDS = 5.0  # the longest a webhook waits for its commit before answering 503
+DEFAULT_MAX_WAITING = 2000  # webhooks waiting for a commit at once; more are refused at once (503)
+
+
+class OverloadedError(GatewayError):
+    """More webhooks are waiting for a commit than the process takes (the database is slow or away)."""
+
+
 class Ingest:
     """`write(update, pending)` stores a parsed webhook; per item (messages, then statuses, then
-    membership changes) whether its key was new (False: a re-delivery, nothing written)."""
+    membership changes) whether its key was new (False: a re-delivery, nothing written).
 
-    def __init__(self, db: Database, dedup_ttl: timedelta) -> None:
+    Bounded in time and memory: a write waits at most `timeout` seconds for its commit (TimeoutError;
+    the commit may still land, and the platform's retry is then a re-delivery), and with `max_waiting`
+    writes already waiting a new one is refused at once (OverloadedError). A frozen database thus
+    answers 503s in seconds instead of piling requests up without bound.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        dedup_ttl: timedelta,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+    ) -> None:
         self._db = db
         self._ttl = dedup_ttl
+        self._timeout = timeout
+        self._max_waiting = max_waiting
         self._batcher = db.batcher(self._commit_on_file, self._commit_on_engine, urgent=True)
 
     @property
@@ -68,7 +93,9 @@ class Ingest:
         return self._batcher.waiting >= BUSY_WAITING_REQUESTS
 
     async def write(self, update: ParsedUpdate, pending: Sequence[bool]) -> list[bool]:
-        """`pending`: per message of `update`, whether it starts a turn."""
+        """`pending`: per message of `update`, whether it starts a turn. Its values are made storable
+        first (gateway/store/storable.py), so one bad value cannot fail the batch it joins."""
+        update = storable.update(update)
         items = [
             _Item(m.dedup_key, m.platform, message=m, pending=p)
             for m, p in zip(update.messages, pending, strict=True)
@@ -77,7 +104,10 @@ class Ingest:
         items += [_Item(c.dedup_key, c.platform, membership=c) for c in update.memberships]
         if not items:
             return []
-        result: list[bool] = await self._batcher.submit(items)
+        if self._batcher.waiting >= self._max_waiting:
+            raise OverloadedError(f"{self._batcher.waiting} webhooks are waiting for the database")
+        async with asyncio.timeout(self._timeout):
+            result: list[bool] = await self._batcher.submit(items)
         return result
 
     # --- SQLAlchemy (PostgreSQL, in-memory SQLite) -----------------------------------------------

@@ -229,6 +229,10 @@ async def renew(db: Database, ids: list[int], owner: str, lease: timedelta) -> s
     return await leases.renew(db, OutboxRow, ids, owner, lease)
 
 
+async def release(db: Database, row_id: int, owner: str) -> bool:
+    return await leases.release(db, OutboxRow, row_id, owner)
+
+
 async def finish(db: Database, row_id: int, owner: str, **values: Any) -> bool:
     """Record a delivery's outcome (its status, the platform's message id or error) and end the lease,
     if `owner` still holds it; False (nothing written) when another process took the row over."""

@@ -32,7 +32,8 @@ from gateway.domain.text import without_lone_surrogates
 from gateway.logs import will_log
 from gateway.platforms.local_key import is_loopback
 from gateway.platforms.spec import ConfiguredPlatform, HandshakeReply, HandshakeRequest, PlatformSpec
-from gateway.store.ingest import Ingest
+from gateway.store.database import refused_value
+from gateway.store.ingest import Ingest, OverloadedError
 from gateway.web.bodies import read_limited
 from gateway.web.errors import error_response, request_id_of
 
@@ -122,8 +123,20 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
         new = await webhooks.ingest.write(parsed, turns)
     except Exception as exc:  # its text may hold the values of the update: the type only
         items = len(parsed.messages) + len(parsed.statuses) + len(parsed.memberships)
+        if refused_value(exc):
+            # The database refuses a value even after the storable rule: a retry would fail the same
+            # way for days (and Telegram holds back the bot's later updates meanwhile). Acknowledged,
+            # not stored, and said loudly; the batch it came with was committed without it.
+            log.error("webhook_unstorable", platform=platform, items=items, error=type(exc).__name__)
+            return _UNSTORABLE
         log.error("webhook_store_failed", platform=platform, items=items, error=type(exc).__name__)
-        return error_response(503, "unavailable", rid, detail="could not store the update; retry later")
+        return error_response(
+            503,
+            "unavailable",
+            rid,
+            detail=_UNAVAILABLE_DETAIL.get(type(exc), "could not store the update; retry later"),
+            headers={"Retry-After": "5"},
+        )
     accepted = sum(new)
     if any(is_new and turn for is_new, turn in zip(new, turns, strict=False)):
         webhooks.on_pending()
@@ -140,6 +153,11 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
 
 
 _IGNORED = b'{"status":"ignored"}'
+_UNSTORABLE = b'{"status":"ignored","reason":"unstorable"}'
+_UNAVAILABLE_DETAIL = {
+    TimeoutError: "the database did not commit the update in time; retry later",
+    OverloadedError: "too many webhooks are waiting for the database; retry later",
+}
 
 
 def _parse_json(body: bytes) -> Any:

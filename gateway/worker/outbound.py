@@ -149,7 +149,11 @@ class OutboxDelivery:
         if self.pacing is not None and message.kind is OutboundKind.TEXT:
             delay = self._pacer.reserve(self.pacing.limits(message.platform, message.target))
             if delay > 0:
-                await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
+                try:
+                    await asyncio.sleep(delay)  # pacing: wait for this chat's next free slot
+                except asyncio.CancelledError:  # shutting down: hand the row back now
+                    await asyncio.shield(self._release(row))
+                    raise
                 # The heartbeat kept the lease while we waited, unless the database was away: check
                 # (and extend) it before sending, or another process may be sending this row too.
                 if not await self.loop.renew_now(row.id):
@@ -186,6 +190,12 @@ class OutboxDelivery:
             # row over and will decide its fate (for a sent row: the documented duplicate window).
             log.warning("reply_outcome_not_recorded", outbox_id=row.id, status=values.get("status"))
         return recorded
+
+    async def _release(self, row: ClaimedReply) -> None:
+        try:
+            await outbox.release(self.database, row.id, self.owner)
+        except Exception as exc:  # the lease expires on its own
+            log.warning("reply_release_failed", outbox_id=row.id, error=type(exc).__name__)
 
     async def _failed(self, row: ClaimedReply, exc: DeliveryError) -> None:
         now = utcnow()

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.bootstrap import SWITCH_INTERVAL_SECONDS, tune_interpreter
 from gateway.domain.inbound import ConversationKey, InboundMessage, MessageKind, ParsedUpdate
 from gateway.store import migrations
-from gateway.store.database import Database
+from gateway.store.database import Database, refused_value
 from gateway.store.engine import create_engine
 from gateway.store.ingest import BUSY_WAITING_REQUESTS, MAX_ROWS_PER_STATEMENT
 from gateway.store.ingest import Ingest as IngestRepository
@@ -149,18 +149,24 @@ async def test_concurrent_writers_share_commits_and_each_key_is_new_once(ingest:
     assert [key for key, *_ in rows] == keys  # stored in the order the requests arrived
 
 
-async def test_a_failed_commit_fails_its_batch_and_the_writer_goes_on(ingest: Ingest) -> None:
-    # A message that cannot be stored (not JSON) fails the commit of its batch, whatever the backend.
+async def test_a_value_the_database_refuses_fails_only_its_own_request(ingest: Ingest) -> None:
+    """The finding: one poison update failed its whole group commit, so every innocent webhook that
+    joined its batch got 503 too. Now the batch is committed again one request at a time."""
     message, pending = item("broken")
-    broken = (replace(message, raw={"x": {1j}}), pending)
-    # Both requests are queued before the writer wakes, so they share the batch and its fate.
+    broken = (replace(message, text={"not": "a string"}), pending)  # no column takes it, on any backend
+    # All requests are queued before the writer wakes, so they share the first batch.
     results = await asyncio.gather(
-        ingest.writer.write([broken]), ingest.writer.write([item("fine")]), return_exceptions=True
+        ingest.writer.write([item("fine-1")]),
+        ingest.writer.write([broken]),
+        ingest.writer.write([item("fine-2")]),
+        return_exceptions=True,
     )
-    assert all(isinstance(result, Exception) and "not JSON serializable" in str(result) for result in results)
-    assert await key_count(ingest.engine) == 0  # nothing of the failed batch was written
-    assert await ingest.writer.write([item("fine")]) == [True]  # the platform's retry
-    assert [key for key, *_ in await inbox_rows(ingest.engine)] == ["fine"]
+    assert results[0] == [True]
+    assert results[2] == [True]
+    assert isinstance(results[1], Exception)
+    assert refused_value(results[1])
+    assert sorted(key for key, *_ in await inbox_rows(ingest.engine)) == ["fine-1", "fine-2"]
+    assert await ingest.writer.write([item("fine-3")]) == [True]  # the writer goes on
 
 
 async def test_closing_the_database_finishes_what_is_queued(database_url: str) -> None:
