@@ -18,7 +18,10 @@ ORDERS: dict[int, dict[str, str]] = {
     1004: {"status": "cancelled", "detail": "it was cancelled at your request and fully refunded."},
 }
 
-ORDER_ID = r"(?:order|#|number|no\.?)\s*(?:number|no\.?|#)?\s*(?P<order_id>\d{3,})"
+# Linear-time patterns (they run on the event loop, on whatever users send): no two adjacent parts may
+# match the same spaces, and "after the first refund" is an atomic group, never retried at each later one.
+ORDER_ID = r"(?:order|#|number|no\.?)(?:\s*(?:number|no\.?|#))?\s*(?P<order_id>\d{3,})"
+AFTER_REFUND = r"^(?>.*?\b(?:refund|money back)\b).*?"
 BARE_ORDER_ID = r"^\W*#?(?P<order_id>\d{3,})\W*$"
 
 
@@ -102,9 +105,9 @@ billing_model = ScriptedModel(
             GREETING,
             reply="Hi! You're talking to Acme billing. How can I help with refunds, invoices or charges?",
         ),
-        Rule(r"\b(refund|money back)\b.*?" + ORDER_ID, tool="request_refund", reply="{result[summary]}"),
+        Rule(AFTER_REFUND + ORDER_ID, tool="request_refund", reply="{result[summary]}"),
         Rule(
-            r"\b(refund|money back)\b.*?(?P<order_id>\d{3,})",
+            AFTER_REFUND + r"(?P<order_id>\d{3,})",
             tool="request_refund",
             reply="{result[summary]}",
         ),

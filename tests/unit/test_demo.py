@@ -287,3 +287,27 @@ async def test_sessions_are_independent(runner: Runner) -> None:
     result = await runner.run_async("b", "thanks")
     assert result.agent_name == "Support"
     assert (await runner.run_async("a", "thanks")).agent_name == "Billing"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "order" + " " * 20_000 + "x",
+        "refund " * 3_000 + "x",
+        "refund order " * 1_500,
+        "money back " * 2_000 + "no" + " " * 5_000,
+        "#" * 20_000,
+    ],
+    ids=["order-spaces", "refunds", "refund-orders", "money-back", "hashes"],
+)
+async def test_long_crafted_messages_do_not_block_the_event_loop(runner: Runner, text: str) -> None:
+    """The finding: a 20,000-character "order" + spaces message blocked the event loop (and /healthz)
+    for 3.1 s: the rules' patterns backtracked quadratically. This guards their complexity, not their
+    speed: linear patterns take milliseconds here, the quadratic ones took seconds to tens of seconds."""
+    import time
+
+    started = time.process_time()
+    await runner.run_async("dos", text)
+    await runner.run_async("dos-billing", "I want a refund")  # the Billing agent's rules too
+    await runner.run_async("dos-billing", text)
+    assert time.process_time() - started < 1.0
