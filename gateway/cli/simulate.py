@@ -92,7 +92,9 @@ def _local_key(settings: Settings, spec: PlatformSpec[Any]) -> str:
         raise SettingsError(f"invalid setting {enabling}: needed when the local mode is off")
     try:
         return local_key.read(Path(settings.local_key_file))
-    except (OSError, ValueError):
+    except ValueError as exc:  # empty, or readable by other users
+        raise CommandFailed(f"the local key cannot be used: {exc}") from None
+    except OSError:
         raise CommandFailed(
             f"{spec.name} has no secret ({enabling}) and there is no local key at {settings.local_key_file}:"
             " start `gateway serve` in this directory first (it creates the key)"

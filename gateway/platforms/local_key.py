@@ -22,7 +22,7 @@ def load_or_create(path: Path) -> str:
     (`gateway serve --workers N`) all read the one complete key.
     """
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
         temporary = Path(name)
         with os.fdopen(descriptor, "w") as file:
@@ -38,7 +38,11 @@ def load_or_create(path: Path) -> str:
 
 
 def read(path: Path) -> str:
-    """The key in `path`; OSError when there is none, ValueError when the file is empty."""
+    """The key in `path`; OSError when there is none, ValueError when the file is empty or other users
+    may read it (anyone who can read the key can post webhooks in its name)."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ValueError(f"{path} is readable by other users (mode {mode:o}); run: chmod 600 {path}")
     key = path.read_text().strip()
     if not key:
         raise ValueError(f"{path} is empty")

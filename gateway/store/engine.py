@@ -77,7 +77,7 @@ def create_private_file(path: Path) -> None:
 
     It holds every conversation; SQLite gives its -wal and -shm files the database file's permissions.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # a folder it creates: this user's only
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 

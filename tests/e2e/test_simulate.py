@@ -71,7 +71,19 @@ def test_simulate_without_a_running_gateway_fails_in_one_line(tmp_path: Path) ->
     key = tmp_path / "data" / "local.key"
     key.parent.mkdir()
     key.write_text("some-key")
+    key.chmod(0o600)
     result = simulate(tmp_path, free_port(), "whatsapp", "hi")
     assert result.returncode == 1
     assert "cannot reach the gateway" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_key_other_users_can_read_is_refused_in_one_line(tmp_path: Path) -> None:
+    key = tmp_path / "data" / "local.key"
+    key.parent.mkdir()
+    key.write_text("some-key")
+    key.chmod(0o644)
+    result = simulate(tmp_path, free_port(), "whatsapp", "hi")
+    assert result.returncode == 1
+    assert "readable by other users" in result.stderr
+    assert "chmod 600" in result.stderr

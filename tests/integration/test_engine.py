@@ -56,6 +56,15 @@ async def test_the_database_files_are_readable_by_their_owner_only(tmp_path: Pat
         await database.aclose()
 
 
+async def test_the_data_folder_it_creates_is_its_users_only(tmp_path: Path) -> None:
+    """The finding: data/ was created 0755, so any local user could list it (and, with the old 0644
+    database, read every conversation)."""
+    path = tmp_path / "data" / "gateway.db"
+    database = Database.open(f"sqlite+aiosqlite:///{path}")
+    await database.aclose()
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
+
 async def test_in_memory_database_is_one_shared_connection() -> None:
     engine = create_engine("sqlite+aiosqlite:///:memory:")
     try:

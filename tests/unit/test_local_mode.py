@@ -27,6 +27,24 @@ def test_the_key_is_created_once_private_and_then_reused(tmp_path: Path) -> None
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
 
 
+def test_a_key_other_users_can_read_is_refused(tmp_path: Path) -> None:
+    """The finding: a pre-existing world-readable local.key was used silently; whoever reads it can
+    post webhooks in the gateway's local mode."""
+    path = tmp_path / "local.key"
+    key = local_key.load_or_create(path)
+    for mode in (0o644, 0o640, 0o604):
+        path.chmod(mode)
+        with pytest.raises(ValueError, match="readable by other users"):
+            local_key.read(path)
+        with pytest.raises(ValueError, match="chmod 600"):
+            local_key.load_or_create(path)
+    path.chmod(0o600)
+    assert local_key.read(path) == key
+    fresh = tmp_path / "new" / "local.key"
+    local_key.load_or_create(fresh)
+    assert oct(fresh.parent.stat().st_mode & 0o777) == "0o700"
+
+
 def test_processes_starting_together_agree_on_one_key(tmp_path: Path) -> None:
     path = tmp_path / "local.key"
     with ThreadPoolExecutor(8) as pool:
@@ -38,7 +56,8 @@ def test_a_missing_or_empty_key_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         local_key.read(tmp_path / "missing.key")
     (tmp_path / "empty.key").write_text("\n")
-    with pytest.raises(ValueError, match="empty"):
+    (tmp_path / "empty.key").chmod(0o600)  # private, so emptiness is what is wrong with it
+    with pytest.raises(ValueError, match=r"empty\.key is empty"):
         local_key.read(tmp_path / "empty.key")
 
 
