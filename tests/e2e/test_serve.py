@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.store.engine import create_engine
 from gateway.store.migrations import head_revision
-from tests.helpers import GATEWAY, free_port, gateway_env
+from tests.helpers import GATEWAY, free_port, gateway_env, wait_until
 
 pytestmark = pytest.mark.e2e
 START_TIMEOUT_SECONDS = 60
@@ -104,21 +104,30 @@ def test_serve_with_unreachable_postgres_exits_1_with_one_line(tmp_path: Path) -
 @pytest.mark.slow
 def test_serve_with_several_workers(tmp_path: Path) -> None:
     port = free_port()
-    process = subprocess.Popen(
-        [GATEWAY, "serve", "--port", str(port), "--workers", "2"],
-        cwd=tmp_path,
-        env=gateway_env(GATEWAY_LOG_FORMAT="json"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [GATEWAY, "serve", "--port", str(port), "--workers", "2"],
+            cwd=tmp_path,
+            env=gateway_env(GATEWAY_LOG_FORMAT="json"),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
+
+    def started() -> list[dict[str, object]]:
+        return [json.loads(line) for line in log.read_text().splitlines() if '"gateway_started"' in line]
+
     try:
         assert wait_ready(process, f"http://127.0.0.1:{port}").json()["schema"] == head_revision()
+        # One app per worker process: the second may still be starting when the first answers.
+        wait_until(
+            lambda: len(started()) == 2, "both worker processes started", timeout=START_TIMEOUT_SECONDS
+        )
     finally:
-        code, err = stop(process)
-    assert code == 0, err
-    started = [json.loads(line) for line in err.splitlines() if '"gateway_started"' in line]
-    assert len(started) == 2  # one app per worker process
+        code, _ = stop(process)
+    assert code == 0, log.read_text()
+    assert len(started()) == 2
 
 
 @pytest.mark.postgres
