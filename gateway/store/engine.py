@@ -87,6 +87,9 @@ def safe_url(url: str | URL) -> str:
 
 
 def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
+    # A statement's parameters (message text, phone numbers) stay out of its errors' messages, which
+    # are logged and shown; SQLAlchemy's own SQL logging omits them as well.
+    kwargs.setdefault("hide_parameters", True)
     parsed = async_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _create_sqlite_engine(parsed, **kwargs)

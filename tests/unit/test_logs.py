@@ -10,8 +10,11 @@ import sys
 import pytest
 import structlog
 import structlog.testing
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 
 from gateway.logs import REDACTED, configure_logging
+from gateway.store.engine import create_engine
 
 
 def json_lines(err: str) -> list[dict[str, object]]:
@@ -134,3 +137,20 @@ def test_lines_go_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(sys, "stderr", later)  # as a test's capture (or a daemonizer) does
     structlog.get_logger("t").info("after_the_swap")
     assert json.loads(later.getvalue())["event"] == "after_the_swap"
+
+
+TEXT = "kumquat-zephyr-message-text"
+
+
+async def test_database_errors_carry_no_statement_parameters() -> None:
+    engine = create_engine("sqlite+aiosqlite:///:memory:")
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)"))
+            await conn.execute(text("INSERT INTO t VALUES (1, 'first')"))
+            with pytest.raises(IntegrityError) as caught:
+                await conn.execute(text("INSERT INTO t VALUES (1, :body)"), {"body": TEXT})
+    finally:
+        await engine.dispose()
+    assert "UNIQUE constraint failed" in str(caught.value)
+    assert TEXT not in str(caught.value)
