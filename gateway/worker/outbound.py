@@ -184,7 +184,7 @@ class OutboxDelivery:
             values["status"] = "failed"
         await self._finish(row_id, **values)
         if final:
-            log.error("reply_failed", outbox_id=row_id, code=exc.code, attempts=attempts, error=str(exc))
+            log.error("reply_failed", outbox_id=row_id, code=exc.code, attempts=attempts)
         else:
             log.warning(
                 "reply_retry", outbox_id=row_id, code=exc.code, attempts=attempts, retry_in_s=round(delay, 1)
