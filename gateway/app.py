@@ -45,7 +45,12 @@ def create_app(
     """
     if settings is None:
         settings = load_settings(settings_groups(platforms))
-        configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
+        configure_logging(
+            settings.log_level,
+            settings.resolved_log_format,
+            settings.secret_values(),
+            redact_users=settings.log_redact_users,
+        )
         tune_interpreter()
     metrics = HttpMetrics()
     schema_head = migrations.head_revision()

@@ -1,51 +1,47 @@
 """structlog set-up, done once by whoever starts the process (the CLI or a test), never at import.
 
 Standard-library loggers (uvicorn, alembic, sqlalchemy) go through the same processors, so json
-mode really is one JSON object per line whatever wrote it. A redactor replaces every configured
-secret, wherever it appears in an event, and any field whose name says it holds one.
+mode really is one JSON object per line whatever wrote it. Last before rendering, every event is
+redacted and bounded (gateway/log_safety.py): no secret, message text or phone number, and no line over
+MAX_LINE_BYTES. Tracebacks never show local variables, which hold payloads, phone numbers and message
+text; a traceback keeps its first and last frames.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
+import traceback
 from collections.abc import Iterable, MutableMapping
 from typing import Any, Literal, TextIO
 
 import structlog
-from structlog.types import EventDict, Processor
+import structlog.tracebacks
+from structlog.typing import EventDict, ExceptionTransformer, ExcInfo, Processor
 
-REDACTED = "***"
-_SECRET_KEY = re.compile(r"(token|secret|password|passwd|signature|authorization|api_key|apikey)", re.I)
+from gateway.log_safety import MAX_LINE_BYTES, REDACTED, BoundedRenderer, Sanitizer, UserIds
 
-
-class SecretRedactor:
-    """Scrubs known secret values and secret-named fields from every event."""
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        # Longest first, so a secret that contains another is replaced whole.
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
-
-    def _scrub(self, value: Any) -> Any:
-        if isinstance(value, str):
-            for secret in self._secrets:
-                value = value.replace(secret, REDACTED)
-            return value
-        if isinstance(value, dict):
-            return {k: REDACTED if _is_secret_key(k) else self._scrub(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._scrub(v) for v in value]
-        return value
-
-    def __call__(self, logger: Any, method: str, event_dict: EventDict) -> EventDict:
-        for key, value in list(event_dict.items()):
-            event_dict[key] = REDACTED if _is_secret_key(key) else self._scrub(value)
-        return event_dict
+__all__ = ["MAX_LINE_BYTES", "REDACTED", "configure_logging", "will_log"]
+MAX_FRAMES = 20  # traceback frames per exception (the first and last ten)
 
 
-def _is_secret_key(key: Any) -> bool:
-    return isinstance(key, str) and bool(_SECRET_KEY.search(key))
+def _plain_traceback(exc_info: ExcInfo) -> str:
+    return "".join(traceback.format_exception(*exc_info))
+
+
+def _render_exception(formatter: ExceptionTransformer) -> Processor:
+    """structlog's ExceptionRenderer, but a traceback that cannot be rendered costs its frames, not the
+    event (or, raised in a log call, the caller's work)."""
+    render = structlog.processors.ExceptionRenderer(formatter)
+
+    def processor(logger: Any, method: str, event_dict: EventDict) -> EventDict:
+        try:
+            return render(logger, method, event_dict)
+        except Exception as exc:
+            event_dict["exception"] = f"<traceback not rendered: {type(exc).__name__}>"
+            return event_dict
+
+    return processor
 
 
 # The level of each logging method of structlog's stdlib BoundLogger ("exception" logs at error).
@@ -104,23 +100,36 @@ def _drop_color_message(logger: Any, method: str, event_dict: MutableMapping[str
 
 
 def configure_logging(
-    level: str = "info", fmt: Literal["json", "console"] = "json", secrets: Iterable[str] = ()
+    level: str = "info",
+    fmt: Literal["json", "console"] = "json",
+    secrets: Iterable[str] = (),
+    *,
+    redact_users: bool = False,
 ) -> None:
-    """Route structlog and standard logging through one chain of processors to stderr."""
+    """Route structlog and standard logging through one chain of processors to stderr.
+
+    `secrets` are never written; with `redact_users`, user ids and names are written as keyed hashes.
+    """
+    secrets = list(secrets)
+    renderer: Processor
+    exceptions: ExceptionTransformer
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+        exceptions = structlog.tracebacks.ExceptionDictTransformer(show_locals=False, max_frames=MAX_FRAMES)
+    else:
+        # Plain text tracebacks (rich's and better-exceptions' show locals), rendered before the bounds.
+        renderer = structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
+        exceptions = _plain_traceback
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _drop_color_message,
+        _render_exception(exceptions),
     ]
-    renderer: Processor
-    if fmt == "json":
-        renderer = structlog.processors.JSONRenderer()
-        shared.append(structlog.processors.dict_tracebacks)
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-    shared.append(SecretRedactor(secrets))  # last, so tracebacks rendered above are scrubbed too
 
     structlog.configure(
         # Drop events below the level before any processor runs (each costs microseconds per request).
@@ -137,7 +146,11 @@ def configure_logging(
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                Sanitizer(secrets, UserIds(redact_users, secrets), json=fmt == "json"),
+                BoundedRenderer(renderer),
+            ],
         )
     )
     root = logging.getLogger()
@@ -153,6 +166,8 @@ def configure_logging(
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
     # Alembic narrates every step at INFO; the gateway logs its own database_migrated event instead.
     logging.getLogger("alembic").setLevel(max(root.level, logging.WARNING))
+    # aiosqlite's debug lines are the repr of each call: SQL with its parameters (message text, phones).
+    logging.getLogger("aiosqlite").setLevel(max(root.level, logging.INFO))
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -166,3 +181,15 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     @stream.setter
     def stream(self, _: TextIO) -> None:
         """StreamHandler.__init__ assigns one; ignored."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        """One short line instead of logging's own report, which prints the record's message and
+        arguments (payloads, phone numbers) unredacted and unbounded."""
+        error = type(sys.exc_info()[1]).__name__
+        try:
+            sys.stderr.write(
+                f'{{"event": "log_record_failed", "error": "{error}", "level": "error", '
+                f'"logger": "gateway.logs", "failed_level": "{record.levelname.lower()[:10]}"}}\n'
+            )
+        except Exception:
+            return

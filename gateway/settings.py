@@ -71,6 +71,10 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", description="json: one object per line; console: for humans; auto: console on a TTY."
     )
+    log_redact_users: bool = Field(
+        default=False,
+        description="Log user ids, session ids, phone numbers and names as keyed hashes (id_3f2a9c1b7e).",
+    )
 
     model: str = Field(
         default="scripted",

@@ -216,7 +216,7 @@ async def execute_tool_call(
         _log.error(
             "tool_failed", tool=call.name, call_id=call.id, agent=agent_name, error_type=type(exc).__name__
         )
-        # The traceback's locals hold the arguments' values, so it is logged below INFO only.
+        # The exception's message may quote the arguments' values, so it is logged below INFO only.
         _log.debug("tool_traceback", tool=call.name, call_id=call.id, exc_info=exc)
     return _tool_message(call, content, agent_name)
 

@@ -46,7 +46,12 @@ def main(argv: Sequence[str] | None = None, *, platforms: Sequence[PlatformSpec[
     except SettingsError as exc:
         print(f"gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    configure_logging(settings.log_level, settings.resolved_log_format, settings.secret_values())
+    configure_logging(
+        settings.log_level,
+        settings.resolved_log_format,
+        settings.secret_values(),
+        redact_users=settings.log_redact_users,
+    )
     for name in unknown_env_settings(groups):
         log.warning("unknown_setting_ignored", variable=name)
     try:

@@ -90,6 +90,9 @@ def safe_url(url: str | URL) -> str:
 def create_engine(url: str | URL, *, statement_timeout: float | None = None, **kwargs: Any) -> AsyncEngine:
     """An engine for `url`. `statement_timeout` (seconds, the service's): on PostgreSQL each statement's
     server-side limit and the wait for a pooled connection; migrations and the CLI run without one."""
+    # A statement's parameters (message text, phone numbers) stay out of its errors' messages, which
+    # are logged and shown; SQLAlchemy's own SQL logging omits them as well.
+    kwargs.setdefault("hide_parameters", True)
     # JSON columns are encoded by the storable rule (NaN as null, bounded depth; see storable.py).
     kwargs.setdefault("json_serializer", storable.json_text)
     parsed = async_url(url)

@@ -147,9 +147,11 @@ class InboxWorker:
         except Exception as store_error:  # the lease expires and the row is retried anyway
             log.warning("turn_failure_not_recorded", error=type(store_error).__name__)
         if dead:
-            log.error("turn_dead_lettered", attempts=attempts, error=error)
+            log.error("turn_dead_lettered", attempts=attempts, error=type(exc).__name__)
         else:
-            log.warning("turn_failed", attempts=attempts, retry_in_s=round(delay, 1), error=error)
+            log.warning(
+                "turn_failed", attempts=attempts, retry_in_s=round(delay, 1), error=type(exc).__name__
+            )
 
 
 # Each platform's builder of reply targets from a message (its spec's `reply_target`).

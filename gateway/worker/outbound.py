@@ -216,7 +216,7 @@ class OutboxDelivery:
             return
         fields = {"outbox_id": row.id, "code": exc.code, "attempts": attempts}
         if status == "failed":
-            log.error("reply_failed", **fields, error=str(exc))
+            log.error("reply_failed", **fields)
         elif status == "dead":
             log.error(
                 "reply_dead",
