@@ -22,6 +22,8 @@ from gateway.store import migrations
 from gateway.store.engine import is_memory_sqlite, safe_url
 from gateway.web.admin import ADMIN_TOKEN_SETTING, Admin
 from gateway.web.admin import routes as admin_routes
+from gateway.web.admin_outbox import WAKE_DELIVERY
+from gateway.web.admin_outbox import routes as admin_outbox_routes
 from gateway.web.console import routes as console_routes
 from gateway.web.errors import EXCEPTION_HANDLERS
 from gateway.web.health import healthz, readyz
@@ -86,6 +88,7 @@ def create_app(
                 "schema_head": schema_head,
                 "settings": settings,
                 "webhooks": webhooks,
+                WAKE_DELIVERY: services.delivery.wake,  # a reply an operator requeued goes out now
             }
         finally:
             await services.aclose()
@@ -102,6 +105,7 @@ def create_app(
             webhook_route,
             Route(WEBHOOK_PATH, handshake, methods=["GET"]),
             *admin_routes(),
+            *admin_outbox_routes(),
             *console_routes(),
         ],
         middleware=[Middleware(RequestContextMiddleware, metrics=metrics)],

@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from gateway.cli import chat, db, inbox, serve, sessions, simulate, telegram, worker
+from gateway.cli import chat, db, inbox, outbox, serve, sessions, simulate, telegram, worker
 from gateway.cli.common import EXIT_FAILURE, EXIT_USAGE, CommandFailed
 from gateway.errors import DatabaseUnavailableError, SettingsError
 from gateway.logs import configure_logging
@@ -32,6 +32,7 @@ def _parser(platforms: Sequence[PlatformSpec[Any]]) -> argparse.ArgumentParser:
     simulate.register(commands, platforms)
     chat.register(commands)
     inbox.register(commands)
+    outbox.register(commands)
     sessions.register(commands)
     db.register(commands)
     return parser

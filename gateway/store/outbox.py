@@ -34,6 +34,7 @@ _CLAIMED = ("platform", "session_id", "kind", "text", "target_json", "attempts",
 STATUSES = ("pending", "sent", "delivered", "read", "played", "failed", "dead", "dry_run")
 # What an operator may send again: given up after the delivery budget, or refused by the platform.
 RETRYABLE = ("dead", "failed")
+MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL: a larger one names no row
 # A status only moves a row forward: a late "delivered" does not undo "read"; "failed" always applies.
 _STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
 

@@ -11,7 +11,7 @@ from copy import deepcopy
 from typing import Any
 
 from gateway.domain import sessions as session_rules
-from gateway.store import inbox
+from gateway.store import inbox, outbox
 
 BEARER = "bearerAuth"
 _JSON = "application/json"
@@ -67,7 +67,8 @@ SCHEMAS: dict[str, Any] = {
             "error": {**_STRING, "description": "A stable code, e.g. `not_found`, `invalid_request`."},
             "request_id": _nullable({**_STRING, "description": "Also in the X-Request-ID header."}),
             "detail": {"description": "What was wrong, for humans."},
-            "inbox_status": {**_STRING, "description": "On 409 from a retry: the row's current status."},
+            "inbox_status": {**_STRING, "description": "On 409 from an inbox retry: the row's status."},
+            "outbox_status": {**_STRING, "description": "On 409 from an outbox retry: the row's status."},
         },
         "required": ["error", "request_id"],
     },
@@ -148,6 +149,26 @@ SCHEMAS: dict[str, Any] = {
         }
     ),
     "InboxPage": _object({"items": {"type": "array", "items": _ref("InboxItem")}}),
+    "OutboxItem": _object(
+        {
+            "id": {"type": "integer", "minimum": 1},
+            "inbox_id": _nullable({"type": "integer", "description": "The message whose turn wrote it."}),
+            "platform": _STRING,
+            "session_id": _STRING,
+            "kind": {**_STRING, "description": "text, answer_callback."},
+            "status": {**_STRING, "enum": list(outbox.STATUSES)},
+            "attempts": {"type": "integer", "minimum": 0},
+            "error_code": _nullable({**_STRING, "description": "The platform's code, or e.g. `network`."}),
+            "error_message": _nullable(_STRING),
+            "created_at": _DATETIME,
+            "updated_at": _DATETIME,
+            "next_attempt_at": _DATETIME,
+            "retry_until": _nullable(
+                {**_DATETIME, "description": "Transient failures are retried until then; dead after it."}
+            ),
+        }
+    ),
+    "OutboxPage": _object({"items": {"type": "array", "items": _ref("OutboxItem")}}),
 }
 
 
@@ -291,6 +312,39 @@ PATHS: dict[str, Any] = {
             ),
         }
     },
+    "/api/outbox": {
+        "get": {
+            "operationId": "listOutbox",
+            "summary": "Outbox rows (replies and their delivery), newest first; no reply text",
+            "parameters": [
+                _query(
+                    "status",
+                    {"type": "string", "enum": list(outbox.STATUSES)},
+                    "Only rows with this status: `dead` (out of retry budget), `failed` (refused for good).",
+                ),
+                _LIMIT,
+            ],
+            "responses": _responses({"200": _json(_ref("OutboxPage"), "The rows.")}, 422),
+        }
+    },
+    "/api/outbox/{outbox_id}/retry": {
+        "post": {
+            "operationId": "retryOutbox",
+            "summary": "Send a dead or failed reply again (fresh attempts and retry budget)",
+            "parameters": [
+                {
+                    "name": "outbox_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": outbox.MAX_ID},
+                }
+            ],
+            "responses": _responses(
+                {"200": _json(_ref("OutboxItem"), "Requeued: the row, now pending.")},
+                409,
+            ),
+        }
+    },
     "/api/openapi.json": {
         "get": {
             "operationId": "openapi",
@@ -308,7 +362,7 @@ _DOCUMENT: dict[str, Any] = {
         "title": "chatflow-gateway admin API",
         "version": "1",
         "description": (
-            "Sessions and the inbox of a chatflow-gateway. Every route needs "
+            "Sessions, the inbox and the outbox of a chatflow-gateway. Every route needs "
             "`Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`; without that setting the API answers 404. "
             "Errors are JSON objects with `error` (a stable code), `request_id` and `detail`."
         ),

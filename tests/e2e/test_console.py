@@ -83,6 +83,13 @@ class Console:
         sessions: list[dict[str, Any]] = response.json()["sessions"]
         return sessions
 
+    def outbox(self, status: str | None = None) -> list[dict[str, Any]]:
+        params = {"limit": "500", **({"status": status} if status else {})}
+        response = self.api("GET", "/api/outbox", params=params)
+        assert response.status_code == 200, response.text
+        rows: list[dict[str, Any]] = response.json()["items"]
+        return rows
+
     def dead_inbox(self) -> list[dict[str, Any]]:
         response = self.api("GET", "/api/inbox", params={"status": "dead"})
         assert response.status_code == 200, response.text
@@ -118,7 +125,8 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
 
 
 def seed(console: Console) -> None:
-    """Real transcripts through the whole message path, a few sessions made by the API, one dead message."""
+    """Real transcripts through the whole message path, a few sessions made by the API, one dead message,
+    and two replies that were not delivered."""
     assert "TRK-55821" in console.simulate("telegram", "Where is my order 1001?", "4242")
     console.simulate("telegram", "Thanks!", "4242")
     assert "RF-1002" in console.simulate("whatsapp", "I want a refund for order 1002", "15551234567")
@@ -133,6 +141,7 @@ def seed(console: Console) -> None:
         created = console.api("POST", "/api/sessions", json={"session_id": session_id, "title": title})
         assert created.status_code == 201, created.text
     add_dead_message(console.directory / "data" / "gateway.db")
+    add_undelivered_replies(console.directory / "data" / "gateway.db")
 
 
 def add_dead_message(database: Path) -> None:
@@ -156,6 +165,46 @@ def add_dead_message(database: Path) -> None:
             "WHERE session_id = 'telegram:4242' ORDER BY id LIMIT 1"
         )
         assert inserted.rowcount == 1
+
+
+OUTAGE = "ConnectError: [Errno 111] Connection refused"
+BLOCKED = "Forbidden: bot was blocked by the user"
+
+
+def add_undelivered_replies(database: Path) -> None:
+    """Copies of a real reply to telegram:4242: one dead after an outage, one refused (failed)."""
+    with sqlite3.connect(database, timeout=30) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(chatflow_outbox)") if row[1] != "id"]
+        for status, attempts, code, message, retry_until in [
+            ("dead", 9, "network", OUTAGE, "created_at"),
+            ("failed", 1, "403", BLOCKED, "NULL"),
+        ]:
+            changed = {
+                "status": f"'{status}'",
+                "attempts": str(attempts),
+                "error_code": f"'{code}'",
+                "error_message": f"'{message}'",
+                "retry_until": retry_until,
+                "platform_message_id": "NULL",
+                "lease_owner": "NULL",
+                "lease_until": "NULL",
+            }
+            select = ", ".join(changed.get(column, column) for column in columns)
+            inserted = conn.execute(
+                f"INSERT INTO chatflow_outbox ({', '.join(columns)}) SELECT {select} FROM chatflow_outbox "
+                "WHERE session_id = 'telegram:4242' AND kind = 'text' ORDER BY id LIMIT 1"
+            )
+            assert inserted.rowcount == 1
+
+
+def outbox_row(console: Console, outbox_id: int) -> tuple[str, int, str | None]:
+    """The row's status, attempts and error code, from the database file itself."""
+    with sqlite3.connect(console.directory / "data" / "gateway.db", timeout=30) as conn:
+        row = conn.execute(
+            "SELECT status, attempts, error_code FROM chatflow_outbox WHERE id = ?", (outbox_id,)
+        ).fetchone()
+    assert row is not None
+    return row[0], row[1], row[2]
 
 
 @pytest.fixture(scope="module")
@@ -468,6 +517,53 @@ def test_a_dead_message_is_listed_and_retried(console: Console, page: Page) -> N
     wait_until(answered, "the retried message's turn")  # the worker took it again
 
 
+# ---------- undelivered replies ----------
+
+
+def test_an_undelivered_reply_is_listed_and_sent_again(
+    console: Console, page: Page, screenshots: Path
+) -> None:
+    (dead,) = console.outbox("dead")
+    (failed,) = console.outbox("failed")
+    signed_in(page, console)
+    expect(page.locator("#outbox-count")).to_have_text("1")  # dead ones only: failed ones are routine
+    page.click("#tab-outbox")
+    expect(page.locator("#outbox-view")).to_be_visible()
+    expect(page.locator("#sessions-view")).to_be_hidden()
+    row = page.locator(f'.outbox-item[data-outbox-id="{dead["id"]}"]')
+    expect(page.locator(".outbox-item")).to_have_count(1)
+    expect(row.locator(".badge.telegram")).to_have_text("telegram")
+    expect(row.locator("a")).to_have_text("telegram:4242")
+    expect(row.locator(".attempts")).to_have_text("9 attempts")
+    expect(row.locator(".last-error")).to_have_text(f"network: {OUTAGE}")
+    expect(row.locator("time")).to_have_attribute("datetime", dead["created_at"])
+    shot(page, screenshots, "console-outbox.png")
+
+    page.click("#outbox-view .seg[data-status=failed]")
+    refused = page.locator(f'.outbox-item[data-outbox-id="{failed["id"]}"]')
+    expect(page.locator(".outbox-item")).to_have_count(1)
+    expect(refused.locator(".last-error")).to_have_text(f"403: {BLOCKED}")
+    expect(refused.locator("button.retry")).to_be_visible()
+
+    page.click("#outbox-view .seg[data-status=dead]")
+    row.locator("button.retry").click()
+    expect(page.locator("#toast")).to_have_text(f"Reply #{dead['id']} is queued again.")
+    expect(row.locator(".status")).to_have_text("pending")  # the row updates in place
+    expect(row.locator("button.retry")).to_have_count(0)
+    expect(row.locator(".last-error")).to_have_count(0)
+    expect(page.locator("#outbox-count")).to_be_hidden()
+    assert console.outbox("dead") == []
+    status, attempts, code = outbox_row(console, dead["id"])
+    assert (status in {"pending", "dry_run"}, attempts, code) == (True, 0, None)
+    # Delivery took it at once (dry-run here: no bot token), and the failed one stays failed.
+    wait_until(lambda: outbox_row(console, dead["id"])[0] == "dry_run", "the retried reply's delivery")
+    assert outbox_row(console, failed["id"]) == ("failed", 1, "403")
+
+    row.locator("a").click()  # the session's transcript
+    expect(page.locator("#sessions-view")).to_be_visible()
+    expect(page.locator("#session-id")).to_have_text("telegram:4242")
+
+
 # ---------- phone width, and the screenshots ----------
 
 
@@ -497,6 +593,12 @@ def test_at_phone_width_the_list_and_the_transcript_fit(
         page.click("#tab-stuck")
         expect(page.locator("#stuck-view")).to_be_visible()
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        page.click("#tab-outbox")
+        expect(page.locator("#outbox-view")).to_be_visible()
+        page.click("#outbox-view .seg[data-status=failed]")  # never retried by the tests
+        expect(page.locator(".outbox-item .last-error").first).to_be_visible()
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(page, screenshots, "console-phone-outbox.png")
     finally:
         context.close()
 

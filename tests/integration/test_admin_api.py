@@ -710,6 +710,8 @@ def test_the_openapi_document_is_served_behind_the_token(base: str, client: http
         "/api/sessions/{session_id}",
         "/api/inbox",
         "/api/inbox/{inbox_id}/retry",
+        "/api/outbox",
+        "/api/outbox/{outbox_id}/retry",
         "/api/openapi.json",
     }
     assert set(document["paths"]["/api/sessions/{session_id}"]) >= {"get", "put", "delete"}

@@ -25,6 +25,7 @@ from gateway.web.openapi import document
 from tests.helpers import serve_in_thread
 from tests.integration.test_admin_api import AUTH, add_inbox_rows, converse
 from tests.integration.test_admin_api import settings as gateway_settings
+from tests.integration.test_admin_outbox import add_outbox_rows
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +42,10 @@ schema = schemathesis.openapi.from_dict(document(), config=schemathesis.Config.f
 
 @pytest.fixture
 def base(migrated_url: str) -> Iterator[str]:
-    """The app on a loopback port, with a conversation and inbox rows for the requests to find."""
+    """The app on a loopback port, with a conversation, inbox and outbox rows for the requests to find."""
     asyncio.run(converse(migrated_url, "telegram:42", "Where is order 1001?", "Thanks"))
     add_inbox_rows(migrated_url, ["dead", "done", "dead"])
+    add_outbox_rows(migrated_url, ["dead", "sent", "failed", "dead"])
     with serve_in_thread(create_app(gateway_settings(migrated_url))) as served:
         yield served
 

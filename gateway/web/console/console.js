@@ -18,6 +18,7 @@
     listSeq: 0,
     openSeq: 0,
     inboxStatus: "dead",
+    outboxStatus: "dead",
   };
 
   class AuthError extends Error {}
@@ -167,21 +168,26 @@
     $("app").hidden = false;
     loadSessions(false);
     refreshStuckCount();
+    refreshOutboxCount();
     route();
   }
 
-  // ---------- routing (#/sessions, #/sessions/<id>, #/stuck) ----------
+  // ---------- routing (#/sessions, #/sessions/<id>, #/stuck, #/outbox) ----------
 
   function route() {
     if ($("app").hidden) return;
     const hash = location.hash || "#/sessions";
-    const stuck = hash === "#/stuck";
-    $("sessions-view").hidden = stuck;
-    $("stuck-view").hidden = !stuck;
-    $("tab-sessions").classList.toggle("active", !stuck);
-    $("tab-stuck").classList.toggle("active", stuck);
-    if (stuck) {
+    const view = hash === "#/stuck" ? "stuck" : hash === "#/outbox" ? "outbox" : "sessions";
+    for (const name of ["sessions", "stuck", "outbox"]) {
+      $(`${name}-view`).hidden = name !== view;
+      $(`tab-${name}`).classList.toggle("active", name === view);
+    }
+    if (view === "stuck") {
       loadInbox();
+      return;
+    }
+    if (view === "outbox") {
+      loadOutbox();
       return;
     }
     const prefix = "#/sessions/";
@@ -559,7 +565,7 @@
   let inboxSeq = 0;
   async function loadInbox() {
     const seq = ++inboxSeq;
-    for (const button of document.querySelectorAll(".seg")) {
+    for (const button of document.querySelectorAll("#stuck-view .seg")) {
       button.classList.toggle("active", button.dataset.status === state.inboxStatus);
     }
     try {
@@ -617,6 +623,89 @@
     }
   }
 
+  // ---------- undelivered replies (the outbox's dead and failed rows) ----------
+
+  const COUNT_LIMIT = 100;
+
+  function showOutboxCount(count) {
+    const badge = $("outbox-count");
+    badge.textContent = count >= COUNT_LIMIT ? `${COUNT_LIMIT - 1}+` : String(count);
+    badge.hidden = count === 0;
+  }
+
+  // Only dead replies are counted: failed ones (a user who blocked the bot) are routine.
+  async function refreshOutboxCount() {
+    try {
+      showOutboxCount(inboxRows(await api("GET", `/api/outbox?status=dead&limit=${COUNT_LIMIT}`)).length);
+    } catch (error) {
+      fail(error);
+    }
+  }
+
+  let outboxSeq = 0;
+  async function loadOutbox() {
+    const seq = ++outboxSeq;
+    const status = state.outboxStatus;
+    for (const button of document.querySelectorAll("#outbox-view .seg")) {
+      button.classList.toggle("active", button.dataset.status === status);
+    }
+    try {
+      const rows = inboxRows(await api("GET", `/api/outbox?status=${encodeURIComponent(status)}`));
+      if (seq !== outboxSeq) return;
+      $("outbox-list").replaceChildren(...rows.map(outboxItem));
+      $("outbox-empty").textContent = status === "dead" ? "No dead replies." : "No failed replies.";
+      $("outbox-empty").hidden = rows.length > 0;
+      if (status === "dead") showOutboxCount(rows.length);
+    } catch (error) {
+      fail(error);
+    }
+  }
+
+  function outboxItem(row) {
+    const li = el("li", "inbox-item outbox-item");
+    li.dataset.outboxId = String(row.id);
+    const head = el("div", "head");
+    head.append(el("strong", null, `#${row.id}`), platformBadge(row.platform));
+    const link = el("a", "mono", row.session_id);
+    link.href = sessionHash(row.session_id);
+    link.title = "Open the transcript";
+    head.append(link);
+    head.append(el("span", null, row.kind || ""));
+    const attempts = Number(row.attempts) || 0;
+    head.append(el("span", "attempts", `${attempts} attempt${attempts === 1 ? "" : "s"}`));
+    const time = el("time", null, ago(row.created_at));
+    time.dateTime = row.created_at || "";
+    time.title = `queued ${fullTime(row.created_at)} · last change ${fullTime(row.updated_at)}`;
+    head.append(time);
+    li.append(head);
+    if (row.status === "dead" || row.status === "failed") {
+      const button = el("button", "retry", "Retry");
+      button.type = "button";
+      button.addEventListener("click", () => retryReply(row, button, li));
+      li.append(button);
+    } else {
+      li.append(el("span", "badge status", row.status || ""));
+    }
+    const error = [row.error_code, row.error_message].filter(Boolean).join(": ");
+    if (error) li.append(el("pre", "last-error", error));
+    return li;
+  }
+
+  // The row stays, showing what the server says it is now (pending), until the view is reloaded.
+  async function retryReply(row, button, li) {
+    button.disabled = true;
+    try {
+      const updated = await api("POST", `/api/outbox/${encodeURIComponent(row.id)}/retry`);
+      li.replaceWith(outboxItem(updated && updated.id === row.id ? updated : { ...row, status: "pending" }));
+      toast(`Reply #${row.id} is queued again.`);
+      refreshOutboxCount();
+    } catch (error) {
+      button.disabled = false;
+      fail(error);
+      if (error.status === 404 || error.status === 409) loadOutbox(); // someone else changed it
+    }
+  }
+
   // ---------- wiring ----------
 
   function init() {
@@ -629,10 +718,16 @@
     $("title-input").addEventListener("blur", () => { if (!$("title-input").hidden) commitRename(); });
     $("delete").addEventListener("click", askDelete);
     $("confirm-delete").addEventListener("close", onDeleteClosed);
-    for (const button of document.querySelectorAll(".seg")) {
+    for (const button of document.querySelectorAll("#stuck-view .seg")) {
       button.addEventListener("click", () => {
         state.inboxStatus = button.dataset.status;
         loadInbox();
+      });
+    }
+    for (const button of document.querySelectorAll("#outbox-view .seg")) {
+      button.addEventListener("click", () => {
+        state.outboxStatus = button.dataset.status;
+        loadOutbox();
       });
     }
     window.addEventListener("hashchange", route);
