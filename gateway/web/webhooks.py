@@ -2,7 +2,8 @@
 
 Answers, in order of checks: unknown or disabled platform 404 (a disabled one is reached only in
 the local mode: a loopback client signing with the local key, see `gateway.platforms.local_key`);
-body over the limit 413 (not read whole); bad signature or secret 401 (nothing stored); invalid
+a secret or signature header missing or wrong 401 before any body byte is read (the adapter's
+`verify_headers`); body over the limit 413 (not read whole); bad signature 401 (nothing stored); invalid
 JSON or not an object 400; a platform's POST handshake (its spec's hook) its own answer, nothing
 stored; an update we do not act on 200; otherwise 200 once its dedup keys and inbox rows are
 committed, or 503 if the database could not take them (the platform retries). Nothing a client
@@ -88,16 +89,16 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
         if adapter is None:
             return _disabled(known.spec, rid)
 
+    headers = Headers(scope=scope)
+    if not adapter.verify_headers(headers):  # before any body byte is read
+        return _unauthorized(known.spec, local, rid)
     body = await read_limited(scope, receive, webhooks.max_body_bytes)
     if body is None:
         return error_response(
             413, "payload_too_large", rid, detail=f"body over {webhooks.max_body_bytes} bytes"
         )
-    if not adapter.verify(Headers(scope=scope), body):
-        if local:
-            return _disabled(known.spec, rid)  # without the local key it stays disabled, also on loopback
-        log.warning("webhook_rejected", platform=platform, reason="signature")
-        return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
+    if not adapter.verify(headers, body):
+        return _unauthorized(known.spec, local, rid)
     try:
         payload = _parse_json(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: too deep
@@ -182,6 +183,13 @@ def _post_only(rid: str | None) -> Response:
 
 def _unknown(platform: str, rid: str | None) -> Response:
     return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
+
+
+def _unauthorized(spec: PlatformSpec[Any], local: bool, rid: str | None) -> Response:
+    if local:
+        return _disabled(spec, rid)  # without the local key it stays disabled, also on loopback
+    log.warning("webhook_rejected", platform=spec.name, reason="signature")
+    return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
 
 
 def _disabled(spec: PlatformSpec[Any], rid: str | None) -> Response:
