@@ -90,6 +90,23 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest webhook body accepted (413 above)."
     )
+    header_timeout_seconds: float = Field(
+        default=10,
+        gt=0,
+        le=3600,
+        description="Seconds a client has for a request's line and headers (408 and closed after).",
+    )
+    body_timeout_seconds: float = Field(
+        default=30,
+        gt=0,
+        le=3600,
+        description="Seconds a client has for a request's body once its head is in (408 and closed after).",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Client connections open at once: a new one closes the longest idle one, or gets 503.",
+    )
     dedup_ttl_hours: float = Field(
         default=192, gt=0, description="How long message keys are remembered (WhatsApp retries for 7 days)."
     )

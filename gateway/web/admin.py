@@ -2,10 +2,10 @@
 
 Every route checks, in order: GATEWAY_ADMIN_TOKEN unset 404 (`admin_disabled`, the body names the
 setting); `Authorization: Bearer <token>` missing or wrong 401 (compared in constant time); body
-over 64 KiB 413; body not JSON 400; a parameter or body field of the wrong type or value 422.
-Then: unknown session or inbox row 404, a taken session id or a retry of a row that is not dead
-409, the database not answering 503. Every answer is JSON (a 204 has no body); nothing a client
-sends gives a 500. The OpenAPI document of all this is `gateway.web.openapi`.
+over 64 KiB 413, not in full by its deadline 408; body not JSON 400; a parameter or body field of
+the wrong type or value 422. Then: unknown session or inbox row 404, a taken session id or a retry
+of a row that is not dead 409, the database not answering 503. Every answer is JSON (a 204 has no
+body); nothing a client sends gives a 500. The OpenAPI document of all this is `gateway.web.openapi`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from gateway.store import inbox, sessions
 from gateway.store.database import UNAVAILABLE_ERRORS, Database
 from gateway.store.sessions import SessionExistsError
 from gateway.web import openapi
-from gateway.web.bodies import read_limited
+from gateway.web.bodies import BodyRefused, read_limited
 from gateway.web.errors import error_response, request_id_of
 
 log = structlog.get_logger(__name__)
@@ -81,9 +81,18 @@ def _bearer_token(request: Request) -> str | None:
 class _Rejected(Exception):
     """A 4xx answer decided while reading the request; never echoes client text unescaped."""
 
-    def __init__(self, http_status: int, error: str, detail: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        http_status: int,
+        error: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         self.http_status, self.error, self.detail, self.extra = http_status, error, detail, extra
+        self.headers = headers
 
 
 def _invalid(detail: str) -> _Rejected:
@@ -106,7 +115,9 @@ def _admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         try:
             return await handler(request, admin, request.state.database)
         except _Rejected as exc:
-            return error_response(exc.http_status, exc.error, rid, detail=exc.detail, **exc.extra)
+            return error_response(
+                exc.http_status, exc.error, rid, headers=exc.headers, detail=exc.detail, **exc.extra
+            )
         except UNAVAILABLE_ERRORS as exc:
             log.warning("admin_database_unavailable", error=type(exc).__name__)
             return error_response(
@@ -136,8 +147,8 @@ def _limit(request: Request) -> int:
 async def _json_object(request: Request, admin: Admin, fields: set[str]) -> dict[str, Any]:
     """The body as a JSON object with only `fields`; an empty body is `{}`."""
     body = await read_limited(request.scope, request.receive, admin.max_body_bytes)
-    if body is None:
-        raise _Rejected(413, "payload_too_large", f"body over {admin.max_body_bytes} bytes")
+    if isinstance(body, BodyRefused):
+        raise _Rejected(body.status, body.error, body.detail, headers=body.headers)
     if not body.strip():
         return {}
     try:

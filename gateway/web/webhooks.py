@@ -3,7 +3,8 @@
 Answers, in order of checks: unknown or disabled platform 404 (a disabled one is reached only in
 the local mode: a loopback client signing with the local key, see `gateway.platforms.local_key`);
 a secret or signature header missing or wrong 401 before any body byte is read (the adapter's
-`verify_headers`); body over the limit 413 (not read whole); bad signature 401 (nothing stored); invalid
+`verify_headers`); body over the limit 413 (not read whole); body not in full by its deadline 408
+(the server's protocol keeps the clock, gateway.web.server); bad signature 401 (nothing stored); invalid
 JSON or not an object 400; a platform's POST handshake (its spec's hook) its own answer, nothing
 stored; an update we do not act on 200; otherwise 200 once its dedup keys and inbox rows are
 committed, or 503 if the database could not take them (the platform retries). Nothing a client
@@ -34,7 +35,7 @@ from gateway.logs import will_log
 from gateway.platforms.local_key import is_loopback
 from gateway.platforms.spec import ConfiguredPlatform, HandshakeReply, HandshakeRequest, PlatformSpec
 from gateway.store.ingest import Ingest
-from gateway.web.bodies import read_limited
+from gateway.web.bodies import BodyRefused, read_limited
 from gateway.web.errors import error_response, request_id_of
 
 log = structlog.get_logger(__name__)
@@ -93,10 +94,8 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
     if not adapter.verify_headers(headers):  # before any body byte is read
         return _unauthorized(known.spec, local, rid)
     body = await read_limited(scope, receive, webhooks.max_body_bytes)
-    if body is None:
-        return error_response(
-            413, "payload_too_large", rid, detail=f"body over {webhooks.max_body_bytes} bytes"
-        )
+    if isinstance(body, BodyRefused):
+        return error_response(body.status, body.error, rid, headers=body.headers, detail=body.detail)
     if not adapter.verify(headers, body):
         return _unauthorized(known.spec, local, rid)
     try:
