@@ -66,6 +66,7 @@ def create_app(
                 platforms=services.platforms,
                 ingest=services.ingest,
                 max_body_bytes=settings.max_body_bytes,
+                max_items=settings.max_messages_per_webhook,
                 on_pending=services.worker.wake,
                 turn_kinds=turn_kinds(settings),
             )

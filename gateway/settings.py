@@ -90,6 +90,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest webhook body accepted (413 above)."
     )
+    max_messages_per_webhook: int = Field(
+        default=1000,
+        ge=1,
+        description="Messages, statuses and membership changes one webhook may carry (413 above).",
+    )
     header_timeout_seconds: float = Field(
         default=10,
         gt=0,

@@ -4,11 +4,12 @@ Answers, in order of checks: unknown or disabled platform 404 (a disabled one is
 the local mode: a loopback client signing with the local key, see `gateway.platforms.local_key`);
 a secret or signature header missing or wrong 401 before any body byte is read (the adapter's
 `verify_headers`); body over the limit 413 (not read whole); body not in full by its deadline 408
-(the server's protocol keeps the clock, gateway.web.server); bad signature 401 (nothing stored); invalid
-JSON or not an object 400; a platform's POST handshake (its spec's hook) its own answer, nothing
-stored; an update we do not act on 200; otherwise 200 once its dedup keys and inbox rows are
-committed, or 503 if the database could not take them (the platform retries). Nothing a client
-sends gives a 500. `GET /webhooks/{platform}` is the platform's GET handshake, 405 where it has none.
+(the server's protocol keeps the clock, gateway.web.server); bad signature 401 (nothing stored);
+invalid JSON or not an object 400; a platform's POST handshake (its spec's hook) its own answer,
+nothing stored; an update we do not act on 200; more messages and statuses than the cap 413,
+nothing stored; otherwise 200 once its dedup keys and inbox rows are committed, or 503 if the
+database could not take them (the platform retries). Nothing a client sends gives a 500.
+`GET /webhooks/{platform}` is the platform's GET handshake, 405 where it has none.
 
 Every platform is known only through its spec (gateway.platforms.spec): nothing here names one.
 """
@@ -49,6 +50,7 @@ class Webhooks:
     platforms: Mapping[str, ConfiguredPlatform]
     ingest: Ingest
     max_body_bytes: int
+    max_items: int = 1000  # messages, statuses and membership changes in one request
     on_pending: Callable[[], None] = lambda: None  # wakes the worker when a turn is due
     turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS
 
@@ -117,11 +119,16 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
     if parsed.empty:
         log.info("webhook_ignored", platform=platform)
         return _IGNORED
+    items = len(parsed.messages) + len(parsed.statuses) + len(parsed.memberships)
+    if items > webhooks.max_items:
+        # Signed, so from the platform or whoever holds its secret: worth an operator's look.
+        log.warning("webhook_too_many_messages", platform=platform, items=items, limit=webhooks.max_items)
+        detail = f"more than {webhooks.max_items} messages and statuses in one request"
+        return error_response(413, "too_many_messages", rid, detail=detail)
     turns = [starts_turn(message, webhooks.turn_kinds) for message in parsed.messages]
     try:
         new = await webhooks.ingest.write(parsed, turns)
     except Exception as exc:  # its text may hold the values of the update: the type only
-        items = len(parsed.messages) + len(parsed.statuses) + len(parsed.memberships)
         log.error("webhook_store_failed", platform=platform, items=items, error=type(exc).__name__)
         return error_response(503, "unavailable", rid, detail="could not store the update; retry later")
     accepted = sum(new)
