@@ -8,6 +8,7 @@ import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -84,15 +85,17 @@ def serve_process(
     port = free_port()
     log = cwd / f"serve-{port}.log"
     env = gateway_env(GATEWAY_LOG_FORMAT="json", GATEWAY_PORT=str(port), **settings)
-    with log.open("wb") as out:  # a file, not a pipe: nobody has to drain it while the test runs
-        process = subprocess.Popen(
-            [*(command or []), GATEWAY, "serve"],
-            cwd=cwd,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=preexec_fn,
-        )
+    process = subprocess.Popen(
+        [*(command or []), GATEWAY, "serve"],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn,
+    )
+    # The test process writes the log file: a limit on the gateway's file sizes must not stop its logs.
+    copier = threading.Thread(target=_copy, args=(process, log), daemon=True)
+    copier.start()
     served = ServeProcess(port, process, log)
     try:
         if ready:
@@ -106,6 +109,15 @@ def serve_process(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        copier.join(timeout=10)
+
+
+def _copy(process: subprocess.Popen[bytes], log: Path) -> None:
+    assert process.stdout is not None
+    with process.stdout, log.open("wb") as out:
+        for line in process.stdout:
+            out.write(line)
+            out.flush()
 
 
 @contextmanager
