@@ -32,7 +32,6 @@ from gateway.web.webhooks import WebhookReceiver, Webhooks, handshake
 log = structlog.get_logger("gateway.app")
 WEBHOOK_PATH = "/webhooks/{platform}"
 _WEBHOOK_PREFIX = "/webhooks/"
-MIN_STRONG_TOKEN_LENGTH = 16  # a shorter admin token is accepted, with a warning
 
 
 def create_app(
@@ -140,9 +139,6 @@ def _log_admin(admin: Admin) -> None:
     if not admin.enabled:
         log.info("admin_disabled", enable_with=ADMIN_TOKEN_SETTING)
         return
-    assert admin.token is not None
-    if len(admin.token) < MIN_STRONG_TOKEN_LENGTH:
-        log.warning("admin_token_short", length=len(admin.token), recommended=MIN_STRONG_TOKEN_LENGTH)
     log.info("admin_enabled", routes="/api")
 
 
