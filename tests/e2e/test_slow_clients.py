@@ -21,6 +21,7 @@ pytestmark = pytest.mark.e2e
 
 TG_SECRET = "tg-secret-slow-clients"
 WA_SECRET = "wa-secret-slow-clients"
+ADMIN_TOKEN = "admin-token-slow-clients-0123"
 HEAD_TIMEOUT = 1
 BODY_TIMEOUT = 2
 # How long past its deadline a connection may stay: the deadline checks run on a coarse timer.
@@ -48,6 +49,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
         GATEWAY_WHATSAPP_APP_SECRET=WA_SECRET,
         GATEWAY_HEADER_TIMEOUT_SECONDS=str(HEAD_TIMEOUT),
         GATEWAY_BODY_TIMEOUT_SECONDS=str(BODY_TIMEOUT),
+        GATEWAY_ADMIN_TOKEN=ADMIN_TOKEN,
     ) as served:
         yield served
 
@@ -86,6 +88,15 @@ def test_a_body_sent_at_one_byte_a_second_gets_408_and_the_connection_closes(gat
     assert status_of(answer) == 408, answer[:200]
     assert b'"error":"request_timeout"' in answer
     assert elapsed < BODY_TIMEOUT + SLACK
+
+
+def test_an_admin_body_that_stops_half_way_gets_408(gateway: ServeProcess) -> None:
+    with sockets(gateway.port) as (sock,):
+        sock.sendall(head("/api/sessions", 100, f"Authorization: Bearer {ADMIN_TOKEN}") + b'{"title": "ha')
+        closed = read_until_closed([sock], timeout=BODY_TIMEOUT + SLACK)
+    assert sock in closed, "the connection is still open"
+    assert status_of(closed[sock]) == 408
+    assert b'"error":"request_timeout"' in closed[sock]
 
 
 def test_a_body_still_arriving_after_the_answer_is_dropped_until_its_deadline(gateway: ServeProcess) -> None:
