@@ -33,6 +33,9 @@ DEFAULT_CONFIG_FILE = Path("config/gateway.toml")
 # GATEWAY_* variables that are not settings, so they are not reported as unknown.
 NON_SETTING_ENV = frozenset({CONFIG_FILE_ENV, "GATEWAY_TEST_POSTGRES_URL"})
 
+# A shorter admin token could be guessed despite the throttle (10 tries a minute per address).
+MIN_ADMIN_TOKEN_LENGTH = 16
+
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 # The documented default of GATEWAY_TURN_KINDS, as in gateway.domain.inbound (a test keeps them equal).
 DEFAULT_TURN_KIND_NAMES = (
@@ -94,6 +97,28 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest webhook body accepted (413 above)."
     )
+    max_messages_per_webhook: int = Field(
+        default=1000,
+        ge=1,
+        description="Messages, statuses and membership changes one webhook may carry (413 above).",
+    )
+    header_timeout_seconds: float = Field(
+        default=10,
+        gt=0,
+        le=3600,
+        description="Seconds a client has for a request's line and headers (408 and closed after).",
+    )
+    body_timeout_seconds: float = Field(
+        default=30,
+        gt=0,
+        le=3600,
+        description="Seconds a client has for a request's body once its head is in (408 and closed after).",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="Client connections open at once: a new one closes the longest idle one, or gets 503.",
+    )
     dedup_ttl_hours: float = Field(
         default=192, gt=0, description="How long message keys are remembered (WhatsApp retries for 7 days)."
     )
@@ -113,7 +138,7 @@ class Settings(BaseSettings):
     )
     admin_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token of the session admin API (/api/…); the API answers 404 without it.",
+        description="Bearer token of the session admin API (/api/…), 16 characters or more; 404 without it.",
     )
     database_timeout_seconds: float = Field(
         default=5,
@@ -159,8 +184,15 @@ class Settings(BaseSettings):
     @field_validator("admin_token")
     @classmethod
     def _check_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and not re.fullmatch(r"[\x21-\x7e]+", value.get_secret_value()):
+        if value is None:
+            return value
+        if not re.fullmatch(r"[\x21-\x7e]+", value.get_secret_value()):
             raise ValueError("must be visible ASCII characters without spaces (it is sent in an HTTP header)")
+        if len(value.get_secret_value()) < MIN_ADMIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"must be at least {MIN_ADMIN_TOKEN_LENGTH} characters, e.g. from"
+                " `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
         return value
 
     @field_validator("openai_base_url")

@@ -9,14 +9,17 @@ from typing import Any
 
 import structlog
 import uvicorn
+from uvicorn.supervisors import Multiprocess
 
 from gateway.app import create_app
 from gateway.bootstrap import load_agent, tune_interpreter, turn_kinds
 from gateway.cli.common import EXIT_FAILURE, EXIT_OK, CommandFailed, positive_int, with_database
+from gateway.errors import SettingsError
 from gateway.platforms.spec import PlatformSpec
-from gateway.settings import Settings
+from gateway.settings import Settings, env_name
 from gateway.store import migrations
 from gateway.store.engine import is_memory_sqlite, ping
+from gateway.web.server import RESERVED_FILES, ConnectionLimits, GatewayConfig, raise_open_files_limit
 
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
 SHUTDOWN_GRACE_SECONDS = 25
@@ -40,6 +43,7 @@ def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[Platfo
     port = args.port or settings.port
     load_agent(settings.agent)  # a bad GATEWAY_AGENT stops start-up now, not at the first message
     turn_kinds(settings)
+    limits = connection_limits(settings)
     if is_memory_sqlite(settings.database_url):
         if args.workers > 1:
             raise CommandFailed("an in-memory SQLite database cannot be shared by several --workers")
@@ -49,23 +53,12 @@ def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[Platfo
         with_database(settings, migrations.upgrade)
         log.info("database_migrated", revision=migrations.head_revision())
 
-    if args.workers > 1:
-        # Each worker process builds its own app (and reads the same settings) through the factory.
-        uvicorn.run(
-            "gateway.app:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=args.workers,
-            log_config=None,
-            access_log=False,
-            server_header=False,
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
-        )
-        return EXIT_OK
-
-    config = uvicorn.Config(
-        create_app(settings, platforms=platforms),
+    config = GatewayConfig(
+        # With several workers, each process builds its own app (from the same settings) by the factory.
+        "gateway.app:create_app" if args.workers > 1 else create_app(settings, platforms=platforms),
+        factory=args.workers > 1,
+        workers=args.workers,
+        limits=limits,
         host=host,
         port=port,
         log_config=None,
@@ -73,6 +66,9 @@ def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[Platfo
         server_header=False,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
     )
+    if args.workers > 1:
+        Multiprocess(config, sockets=[config.bind_socket()]).run()  # what uvicorn.run does for workers
+        return EXIT_OK
     server = uvicorn.Server(config)
     tune_interpreter()
     # uvicorn re-raises the signal that stopped it once it has drained; with a handler in place
@@ -81,3 +77,32 @@ def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[Platfo
         signal.signal(signum, lambda received, frame: None)
     server.run()
     return EXIT_OK if server.started else EXIT_FAILURE
+
+
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    """The server's limits, with the connection cap fitted to the files this process may open (its soft
+    limit raised to the hard one first). A cap that does not fit is a bad setting when it was given,
+    and lowered with a warning when it is the default."""
+    open_files = raise_open_files_limit()
+    room = open_files - RESERVED_FILES
+    if room < 1:
+        raise CommandFailed(
+            f"this process may open {open_files} files (ulimit -n);"
+            f" the gateway needs more than {RESERVED_FILES}"
+        )
+    cap = settings.max_connections
+    if cap > room:
+        if "max_connections" in settings.model_fields_set:
+            raise SettingsError(
+                f"invalid setting {env_name('max_connections')}: {cap} connections need"
+                f" {cap + RESERVED_FILES} open files, but this process may open {open_files} (ulimit -n);"
+                f" lower it to {room}"
+                " or raise the limit"
+            )
+        log.warning("max_connections_lowered", max_connections=room, open_files=open_files)
+        cap = room
+    return ConnectionLimits(
+        head_timeout=settings.header_timeout_seconds,
+        body_timeout=settings.body_timeout_seconds,
+        max_connections=cap,
+    )

@@ -17,6 +17,16 @@ from gateway.errors import GatewayError
 class PlatformAdapter(Protocol):
     name: str
 
+    def verify_headers(self, headers: Mapping[str, str]) -> bool:
+        """False when the headers alone show the request is not the platform's: its secret header missing
+        or wrong, its signature header missing or malformed. The webhook then answers 401 before reading
+        a byte of the body, so nobody without the secret makes the gateway hold one.
+
+        True lets the body be read and `verify` decide. A platform whose proof is in the headers alone
+        (Telegram's secret token) checks it fully here, in constant time.
+        """
+        ...
+
     def verify(self, headers: Mapping[str, str], body: bytes) -> bool:
         """True only when the request carries this platform's proof of origin (constant-time compare).
 

@@ -178,3 +178,12 @@ class ChatRow(Base):
     reachable: Mapped[bool]
     membership: Mapped[str] = mapped_column(String(32))  # the platform's word, e.g. kicked, member
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class HealthRow(Base):
+    """One row per gateway process, rewritten by each readiness probe: proof that a write commits."""
+
+    __tablename__ = "chatflow_health"
+
+    owner: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid
+    checked_at: Mapped[datetime]

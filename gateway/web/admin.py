@@ -1,11 +1,13 @@
 """The session admin API under /api: sessions and the inbox, as JSON, for operators and the console.
 
 Every route checks, in order: GATEWAY_ADMIN_TOKEN unset 404 (`admin_disabled`, the body names the
-setting); `Authorization: Bearer <token>` missing or wrong 401 (compared in constant time); body
-over 64 KiB 413; body not JSON 400; a parameter or body field of the wrong type or value 422.
-Then: unknown session or inbox row 404, a taken session id or a retry of a row that is not dead
-409, the database not answering 503. Every answer is JSON (a 204 has no body); nothing a client
-sends gives a 500. The OpenAPI document of all this is `gateway.web.openapi`.
+setting); the client's address locked out after 10 wrong tokens in a minute 429 with Retry-After
+(gateway.web.throttle); `Authorization: Bearer <token>` missing or wrong 401 (compared in constant
+time); body over 64 KiB 413, not in full by its deadline 408; body not JSON 400; a parameter or
+body field of the wrong type or value 422. Then: unknown session or inbox row 404, a taken session
+id or a retry of a row that is not dead 409, the database not answering 503. Every answer is JSON
+(a 204 has no body); nothing a client sends gives a 500. The OpenAPI document of all this is
+`gateway.web.openapi`.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import functools
 import hmac
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
@@ -30,8 +33,9 @@ from gateway.store import inbox, sessions
 from gateway.store.database import UNAVAILABLE_ERRORS, Database
 from gateway.store.sessions import SessionExistsError
 from gateway.web import openapi
-from gateway.web.bodies import read_limited
+from gateway.web.bodies import BodyRefused, read_limited
 from gateway.web.errors import error_response, request_id_of
+from gateway.web.throttle import FailureThrottle
 
 log = structlog.get_logger(__name__)
 
@@ -48,21 +52,37 @@ class Admin:
     starting_agent: str | None = None  # the agent a session created here starts with
     max_body_bytes: int = MAX_ADMIN_BODY_BYTES
     on_pending: Callable[[], None] = lambda: None  # wakes the worker when a retried row is due
+    throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong tokens, per address
 
     @property
     def enabled(self) -> bool:
         return self.token is not None
 
     def refuse(self, request: Request) -> Response | None:
-        """None when the request may go on; else the 404 (disabled) or 401 (no or wrong token)."""
+        """None when the request may go on; else the 404 (disabled), 429 (its address is locked out
+        after too many wrong tokens, see gateway.web.throttle) or 401 (no or wrong token)."""
         rid = request_id_of(request)
         if self.token is None:
             detail = f"the admin API is disabled: set {ADMIN_TOKEN_SETTING} to enable it"
             return error_response(404, "admin_disabled", rid, detail=detail)
+        client = request.client.host if request.client else "unknown"
+        wait = self.throttle.retry_after(client)
+        if wait is not None:
+            seconds = math.ceil(wait)
+            detail = f"too many wrong tokens from this address; retry in {seconds} s"
+            headers = {"Retry-After": str(seconds)}
+            return error_response(429, "too_many_failures", rid, headers=headers, detail=detail)
         given = _bearer_token(request)
         # Compared as bytes in constant time; a header is latin-1, so any value encodes.
         if given is None or not hmac.compare_digest(given.encode("latin-1"), self.token.encode()):
-            log.warning("admin_unauthorized", reason="missing" if given is None else "wrong_token")
+            reason = "missing" if given is None else "wrong_token"
+            if self.throttle.failed(client):
+                throttle = self.throttle
+                log.warning(
+                    "admin_throttled", client=client, failures=throttle.max_failures, seconds=throttle.window
+                )
+            else:
+                log.warning("admin_unauthorized", reason=reason)
             return error_response(
                 401,
                 "unauthorized",
@@ -70,6 +90,7 @@ class Admin:
                 headers={"WWW-Authenticate": 'Bearer realm="gateway-admin"'},
                 detail="missing or wrong bearer token",
             )
+        self.throttle.succeeded(client)
         return None
 
 
@@ -81,9 +102,18 @@ def _bearer_token(request: Request) -> str | None:
 class _Rejected(Exception):
     """A 4xx answer decided while reading the request; never echoes client text unescaped."""
 
-    def __init__(self, http_status: int, error: str, detail: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        http_status: int,
+        error: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(detail)
         self.http_status, self.error, self.detail, self.extra = http_status, error, detail, extra
+        self.headers = headers
 
 
 def _invalid(detail: str) -> _Rejected:
@@ -106,7 +136,9 @@ def _admin(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         try:
             return await handler(request, admin, request.state.database)
         except _Rejected as exc:
-            return error_response(exc.http_status, exc.error, rid, detail=exc.detail, **exc.extra)
+            return error_response(
+                exc.http_status, exc.error, rid, headers=exc.headers, detail=exc.detail, **exc.extra
+            )
         except UNAVAILABLE_ERRORS as exc:
             log.warning("admin_database_unavailable", error=type(exc).__name__)
             return error_response(
@@ -136,8 +168,8 @@ def _limit(request: Request) -> int:
 async def _json_object(request: Request, admin: Admin, fields: set[str]) -> dict[str, Any]:
     """The body as a JSON object with only `fields`; an empty body is `{}`."""
     body = await read_limited(request.scope, request.receive, admin.max_body_bytes)
-    if body is None:
-        raise _Rejected(413, "payload_too_large", f"body over {admin.max_body_bytes} bytes")
+    if isinstance(body, BodyRefused):
+        raise _Rejected(body.status, body.error, body.detail, headers=body.headers)
     if not body.strip():
         return {}
     try:

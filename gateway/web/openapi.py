@@ -35,6 +35,7 @@ _ERRORS = {
     409: "Conflict with the current state.",
     413: "The body is over 64 KiB (`payload_too_large`).",
     422: "A parameter or the body is invalid (`invalid_request`, `invalid_cursor`).",
+    429: "Too many wrong tokens from this address (`too_many_failures`); retry after Retry-After seconds.",
     503: "The database did not answer (`database_unavailable`); try again.",
 }
 
@@ -178,7 +179,7 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 
 def _responses(success: dict[str, Any], *errors: int) -> dict[str, Any]:
     answers = dict(success)
-    for status in (401, 404, *errors, 503):
+    for status in (401, 404, *errors, 429, 503):
         answers[str(status)] = _json(_ref("Error"), _ERRORS[status])
     return answers
 

@@ -2,11 +2,14 @@
 
 Answers, in order of checks: unknown or disabled platform 404 (a disabled one is reached only in
 the local mode: a loopback client signing with the local key, see `gateway.platforms.local_key`);
-body over the limit 413 (not read whole); bad signature or secret 401 (nothing stored); invalid
-JSON or not an object 400; a platform's POST handshake (its spec's hook) its own answer, nothing
-stored; an update we do not act on 200; otherwise 200 once its dedup keys and inbox rows are
-committed, or 503 if the database could not take them (the platform retries). Nothing a client
-sends gives a 500. `GET /webhooks/{platform}` is the platform's GET handshake, 405 where it has none.
+a secret or signature header missing or wrong 401 before any body byte is read (the adapter's
+`verify_headers`); body over the limit 413 (not read whole); body not in full by its deadline 408
+(the server's protocol keeps the clock, gateway.web.server); bad signature 401 (nothing stored);
+invalid JSON or not an object 400; a platform's POST handshake (its spec's hook) its own answer,
+nothing stored; an update we do not act on 200; more messages and statuses than the cap 413,
+nothing stored; otherwise 200 once its dedup keys and inbox rows are committed, or 503 if the
+database could not take them (the platform retries). Nothing a client sends gives a 500.
+`GET /webhooks/{platform}` is the platform's GET handshake, 405 where it has none.
 
 Every platform is known only through its spec (gateway.platforms.spec): nothing here names one.
 """
@@ -34,7 +37,7 @@ from gateway.platforms.local_key import is_loopback
 from gateway.platforms.spec import ConfiguredPlatform, HandshakeReply, HandshakeRequest, PlatformSpec
 from gateway.store.database import refused_value
 from gateway.store.ingest import Ingest, OverloadedError
-from gateway.web.bodies import read_limited
+from gateway.web.bodies import BodyRefused, read_limited
 from gateway.web.errors import error_response, request_id_of
 
 log = structlog.get_logger(__name__)
@@ -48,6 +51,7 @@ class Webhooks:
     platforms: Mapping[str, ConfiguredPlatform]
     ingest: Ingest
     max_body_bytes: int
+    max_items: int = 1000  # messages, statuses and membership changes in one request
     on_pending: Callable[[], None] = lambda: None  # wakes the worker when a turn is due
     turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS
 
@@ -89,16 +93,14 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
         if adapter is None:
             return _disabled(known.spec, rid)
 
+    headers = Headers(scope=scope)
+    if not adapter.verify_headers(headers):  # before any body byte is read
+        return _unauthorized(known.spec, local, rid)
     body = await read_limited(scope, receive, webhooks.max_body_bytes)
-    if body is None:
-        return error_response(
-            413, "payload_too_large", rid, detail=f"body over {webhooks.max_body_bytes} bytes"
-        )
-    if not adapter.verify(Headers(scope=scope), body):
-        if local:
-            return _disabled(known.spec, rid)  # without the local key it stays disabled, also on loopback
-        log.warning("webhook_rejected", platform=platform, reason="signature")
-        return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
+    if isinstance(body, BodyRefused):
+        return error_response(body.status, body.error, rid, headers=body.headers, detail=body.detail)
+    if not adapter.verify(headers, body):
+        return _unauthorized(known.spec, local, rid)
     try:
         payload = _parse_json(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; RecursionError: too deep
@@ -118,11 +120,16 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
     if parsed.empty:
         log.info("webhook_ignored", platform=platform)
         return _IGNORED
+    items = len(parsed.messages) + len(parsed.statuses) + len(parsed.memberships)
+    if items > webhooks.max_items:
+        # Signed, so from the platform or whoever holds its secret: worth an operator's look.
+        log.warning("webhook_too_many_messages", platform=platform, items=items, limit=webhooks.max_items)
+        detail = f"more than {webhooks.max_items} messages and statuses in one request"
+        return error_response(413, "too_many_messages", rid, detail=detail)
     turns = [starts_turn(message, webhooks.turn_kinds) for message in parsed.messages]
     try:
         new = await webhooks.ingest.write(parsed, turns)
     except Exception as exc:  # its text may hold the values of the update: the type only
-        items = len(parsed.messages) + len(parsed.statuses) + len(parsed.memberships)
         if refused_value(exc):
             # The database refuses a value even after the storable rule: a retry would fail the same
             # way for days (and Telegram holds back the bot's later updates meanwhile). Acknowledged,
@@ -200,6 +207,13 @@ def _post_only(rid: str | None) -> Response:
 
 def _unknown(platform: str, rid: str | None) -> Response:
     return error_response(404, "not_found", rid, detail=f"no platform named {platform!r}")
+
+
+def _unauthorized(spec: PlatformSpec[Any], local: bool, rid: str | None) -> Response:
+    if local:
+        return _disabled(spec, rid)  # without the local key it stays disabled, also on loopback
+    log.warning("webhook_rejected", platform=spec.name, reason="signature")
+    return error_response(401, "unauthorized", rid, detail="missing or wrong signature")
 
 
 def _disabled(spec: PlatformSpec[Any], rid: str | None) -> Response:

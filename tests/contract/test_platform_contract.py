@@ -130,6 +130,9 @@ def test_fixtures_parse_into_the_platforms_own_messages(spec: PlatformSpec[Any],
     assert adapter.verify(kit.sign(body), body)
     assert not adapter.verify({}, body)
     assert not spec.adapter(kit.webhook_settings(), "another-secret").verify(kit.sign(body), body)
+    # What passes `verify` passes the headers-only check made before the body is read; no headers never do.
+    assert adapter.verify_headers(kit.sign(body))
+    assert not adapter.verify_headers({})
     parsed = adapter.parse(json.loads(body))
     keys = [item.dedup_key for item in (*parsed.messages, *parsed.statuses, *parsed.memberships)]
     assert all(keys)

@@ -166,21 +166,7 @@ def test_start_up_logs_that_the_api_is_enabled(url: str) -> None:
         assert httpx.get(f"{served}/api/sessions", headers=AUTH).status_code == 200
     events = [e["event"] for e in logs]
     assert "admin_enabled" in events
-    assert "admin_token_short" not in events
     assert TOKEN not in repr(logs)
-
-
-def test_a_short_token_works_with_a_warning(url: str) -> None:
-    with (
-        structlog.testing.capture_logs() as logs,
-        serve_in_thread(create_app(settings(url, admin_token="short"))) as served,
-    ):
-        assert (
-            httpx.get(f"{served}/api/sessions", headers={"Authorization": "Bearer short"}).status_code == 200
-        )
-    (warning,) = [e for e in logs if e["event"] == "admin_token_short"]
-    assert warning["log_level"] == "warning"
-    assert "short" not in repr({k: v for k, v in warning.items() if k != "event"})
 
 
 WRONG_AUTHORIZATION: list[dict[str, Any]] = [
@@ -196,15 +182,20 @@ WRONG_AUTHORIZATION: list[dict[str, Any]] = [
 
 
 def test_a_missing_or_wrong_token_gets_401(base: str) -> None:
-    anonymous = httpx.Client(base_url=base)
-    for headers in WRONG_AUTHORIZATION:
-        for method, path in [("GET", "/api/sessions"), ("DELETE", "/api/sessions/x"), ("GET", "/api/inbox")]:
-            answer = anonymous.request(method, path, headers=headers)
-            assert answer.status_code == 401, (headers, method, path)
-            assert answer.json()["error"] == "unauthorized"
-            assert answer.headers["WWW-Authenticate"].startswith("Bearer")
-            assert answer.json()["request_id"] == answer.headers["X-Request-ID"]
-    anonymous.close()
+    for index, headers in enumerate(WRONG_AUTHORIZATION):
+        # Each from a loopback address of its own: ten failures from one address lock it out (429).
+        transport = httpx.HTTPTransport(local_address=f"127.0.1.{index + 1}")
+        with httpx.Client(base_url=base, transport=transport) as anonymous:
+            for method, path in [
+                ("GET", "/api/sessions"),
+                ("DELETE", "/api/sessions/x"),
+                ("GET", "/api/inbox"),
+            ]:
+                answer = anonymous.request(method, path, headers=headers)
+                assert answer.status_code == 401, (headers, method, path)
+                assert answer.json()["error"] == "unauthorized"
+                assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+                assert answer.json()["request_id"] == answer.headers["X-Request-ID"]
 
 
 def test_the_scheme_is_case_insensitive(base: str) -> None:

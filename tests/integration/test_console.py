@@ -15,7 +15,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 from tests.helpers import serve_in_thread
 
-TOKEN = "console-token"
+TOKEN = "console-token-0123456789"
 CONSOLE = files("gateway.web.console")
 
 

@@ -69,21 +69,28 @@ class WhatsAppAdapter:
         """The `X-Hub-Signature-256` value Meta would send for `body` (for tests and `gateway simulate`)."""
         return _SIGNATURE_PREFIX + hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
 
-    def verify(self, headers: Mapping[str, str], body: bytes) -> bool:
-        """HMAC-SHA256 of the raw body bytes, never re-serialized JSON (Meta escapes non-ASCII and `/`).
+    def verify_headers(self, headers: Mapping[str, str]) -> bool:
+        """A signature header of the right form (the HMAC itself needs the body); fails closed without
+        an app secret, since anyone could then compute the signature."""
+        return self._app_secret != "" and self._signature(headers) is not None
 
-        Fails closed: with no app secret configured anyone could compute the signature.
-        """
-        if not self._app_secret:
+    def verify(self, headers: Mapping[str, str], body: bytes) -> bool:
+        """HMAC-SHA256 of the raw body bytes, never re-serialized JSON (Meta escapes non-ASCII and `/`)."""
+        received = self._signature(headers)
+        if not self._app_secret or received is None:
             return False
-        header = headers.get(SIGNATURE_HEADER)
-        if not isinstance(header, str) or not header.startswith(_SIGNATURE_PREFIX):
-            return False
-        received = header[len(_SIGNATURE_PREFIX) :]
-        if not _HEX_DIGEST.fullmatch(received):
-            return False  # also keeps non-ASCII away from compare_digest, which would raise on it
         expected = self.sign(self._app_secret, body)[len(_SIGNATURE_PREFIX) :]
         return hmac.compare_digest(expected.encode(), received.lower().encode())
+
+    @staticmethod
+    def _signature(headers: Mapping[str, str]) -> str | None:
+        """The hex digest of `X-Hub-Signature-256`, when the header has the form `sha256=<64 hex>`."""
+        header = headers.get(SIGNATURE_HEADER)
+        if not isinstance(header, str) or not header.startswith(_SIGNATURE_PREFIX):
+            return None
+        received = header[len(_SIGNATURE_PREFIX) :]
+        # Also keeps non-ASCII away from compare_digest, which would raise on it.
+        return received if _HEX_DIGEST.fullmatch(received) else None
 
     @staticmethod
     def verify_handshake(mode: str | None, token: str | None, verify_token: str) -> bool:
