@@ -82,7 +82,10 @@ def create_app(
                 on_pending=services.worker.wake,
             )
             _log_admin(admin)
+            claims = {"worker": services.worker.loop.health, "delivery": services.delivery.loop.health}
+            metrics.watch(claims)
             yield {
+                "claims": claims,
                 "admin": admin,
                 "database": services.database,
                 "schema_head": schema_head,

@@ -10,9 +10,10 @@ is the same as those metrics': `gateway_http_requests_total` (with `_created`) a
 
 from __future__ import annotations
 
+import asyncio
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,11 +23,21 @@ from prometheus_client import (
     platform_collector,
     process_collector,
 )
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.samples import Sample
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.domain.claims import ClaimHealth
+from gateway.store import outbox
+from gateway.store.database import FAILURE_ERRORS
+
+SCRAPE_READ_SECONDS = 1.0
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _LABELS = ("method", "route", "status")
 _BUCKET_NAMES = (*(str(float(bound)) for bound in LATENCY_BUCKETS), "+Inf")  # as prometheus_client
@@ -53,6 +64,8 @@ class HttpMetrics:
         platform_collector.PlatformCollector(registry=self.registry)
         gc_collector.GCCollector(registry=self.registry)
         self._series: dict[tuple[str, str, int], _Series] = {}
+        self._claims: dict[str, ClaimHealth] = {}
+        self._waiting: list[outbox.Waiting] = []
         self.registry.register(self)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -89,6 +102,43 @@ class HttpMetrics:
             )
         yield requests
         yield latency
+        yield from self._work()
+
+    def watch(self, claims: Mapping[str, ClaimHealth]) -> None:
+        """Export how the process's claim loops fare (called once the worker and delivery exist)."""
+        self._claims = dict(claims)
 
     async def endpoint(self, request: Request) -> Response:
+        database = getattr(request.state, "database", None)
+        if database is not None:
+            try:  # a read per scrape: the replies waiting on a platform that keeps failing
+                async with asyncio.timeout(SCRAPE_READ_SECONDS):
+                    self._waiting = await outbox.waiting(database)
+            except FAILURE_ERRORS:  # TimeoutError is an OSError
+                pass  # the last figures stand; /readyz says the database is away
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def _work(self) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "gateway_claim_failures",
+            "Failed claims and lease renewals of the inbox worker and of delivery, since start.",
+            labels=["loop"],
+        )
+        failing = GaugeMetricFamily(
+            "gateway_claims_failing",
+            "1 while a loop's claims keep failing (its turns or replies stall); /readyz is 503 then.",
+            labels=["loop"],
+        )
+        for name, loop in self._claims.items():
+            failures.add_metric([name], loop.failures)
+            failing.add_metric([name], 1.0 if loop.failing else 0.0)
+        waiting = GaugeMetricFamily(
+            "gateway_outbox_waiting_rows",
+            "Replies held back by transient send failures (a platform down or throttling), by platform.",
+            labels=["platform"],
+        )
+        for row in self._waiting:
+            waiting.add_metric([row.platform], row.rows)
+        yield failures
+        yield failing
+        yield waiting

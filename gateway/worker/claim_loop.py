@@ -19,12 +19,12 @@ import functools
 import os
 import secrets
 import socket
-import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
+
+from gateway.domain.claims import ClaimHealth
 
 log = structlog.get_logger(__name__)
 
@@ -52,28 +52,6 @@ def owner_id(role: str, host: str | None = None) -> str:
     """
     host = (host if host is not None else socket.gethostname())[:HOST_CHARS]
     return f"{host}:{os.getpid()}:{secrets.token_hex(3)}:{role}"
-
-
-@dataclass
-class ClaimHealth:
-    """How this loop's claims fare, for /readyz and /metrics: a claim that keeps failing (database
-    away, a schema or owner id it refuses) stops every turn or delivery of this process."""
-
-    failures: int = 0  # claims (and lease renewals) that failed, since start
-    consecutive_failures: int = 0
-    last_error: str | None = None
-    failing_since: float | None = None  # time.monotonic() of the first of the current failures
-
-    def failed(self, error: BaseException) -> None:
-        self.failures += 1
-        self.consecutive_failures += 1
-        self.last_error = type(error).__name__
-        if self.failing_since is None:
-            self.failing_since = time.monotonic()
-
-    def succeeded(self) -> None:
-        self.consecutive_failures = 0
-        self.failing_since = None
 
 
 class ClaimLoop(Generic[Row]):

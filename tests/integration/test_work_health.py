@@ -1,0 +1,100 @@
+"""/readyz and /metrics tell when this process's claims keep failing, and which replies wait on a platform.
+
+The finding: with a lease owner id too long for its column (PostgreSQL), every claim failed, so no
+turn ran and no reply left, while /readyz stayed ready and nothing in /metrics said so. Here claims are
+made to fail the way a drifted schema makes them fail (a column the claim needs is gone), while
+webhooks, which do not need it, still store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+from sqlalchemy import insert, text
+
+from gateway.app import create_app
+from gateway.store.engine import create_engine
+from gateway.store.tables import OutboxRow
+from tests.helpers import gateway_settings, serve_in_thread, wait_until
+
+
+@pytest.fixture
+def gateway(migrated_url: str) -> Iterator[str]:
+    with serve_in_thread(create_app(gateway_settings(database_url=migrated_url))) as base:
+        yield base
+
+
+async def execute(url: str, statement: str) -> None:
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+def metric(base: str, name: str) -> float | None:
+    for line in httpx.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_failing_claims_make_the_process_unready_and_show_in_metrics(gateway: str, migrated_url: str) -> None:
+    ready = httpx.get(f"{gateway}/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["claims"] == {"worker": "ok", "delivery": "ok"}
+    assert metric(gateway, 'gateway_claims_failing{loop="worker"}') == 0
+
+    asyncio.run(execute(migrated_url, "ALTER TABLE chatflow_inbox RENAME COLUMN lease_until TO lease_gone"))
+    try:
+        unready = wait_until(
+            lambda: (r := httpx.get(f"{gateway}/readyz")).status_code == 503 and r,
+            "the worker's failing claims to show in /readyz",
+            timeout=30,
+        )
+        assert "worker claims have failed" in unready.json()["reason"]
+        assert metric(gateway, 'gateway_claims_failing{loop="worker"}') == 1
+        assert (metric(gateway, 'gateway_claim_failures_total{loop="worker"}') or 0) >= 3
+        assert metric(gateway, 'gateway_claims_failing{loop="delivery"}') == 0
+    finally:
+        asyncio.run(
+            execute(migrated_url, "ALTER TABLE chatflow_inbox RENAME COLUMN lease_gone TO lease_until")
+        )
+    wait_until(lambda: httpx.get(f"{gateway}/readyz").status_code == 200, "ready again", timeout=30)
+    assert metric(gateway, 'gateway_claims_failing{loop="worker"}') == 0
+
+
+def test_replies_waiting_on_a_failing_platform_are_named_while_ready(gateway: str, migrated_url: str) -> None:
+    async def a_reply_that_failed_once() -> None:
+        now = datetime.now(UTC)
+        engine = create_engine(migrated_url)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(
+                    insert(OutboxRow).values(
+                        platform="telegram",
+                        session_id="telegram:42",
+                        kind="text",
+                        text="hi",
+                        target_json={"chat_id": "42"},
+                        status="pending",
+                        attempts=3,
+                        next_attempt_at=now.replace(year=now.year + 1),  # not due: nobody sends it now
+                        retry_until=now.replace(year=now.year + 1),
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(a_reply_that_failed_once())
+    ready = httpx.get(f"{gateway}/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["outbox_waiting"]["telegram"]["rows"] == 1
+    assert metric(gateway, 'gateway_outbox_waiting_rows{platform="telegram"}') == 1
