@@ -23,6 +23,7 @@ from gateway.web.server import RESERVED_FILES, ConnectionLimits, GatewayConfig, 
 
 # Seconds `gateway serve` lets in-flight requests finish after SIGTERM (under Kubernetes' default 30 s).
 SHUTDOWN_GRACE_SECONDS = 25
+WORKER_HEALTHCHECK_SECONDS = 60  # how long a --workers process may take to start and answer
 
 log = structlog.get_logger("gateway.cli")
 
@@ -65,6 +66,9 @@ def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[Platfo
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS,
+        # uvicorn kills a worker that has not answered its supervisor within 5 s; loading the app takes
+        # ~3 s of CPU, 6-9 s on a loaded 2-core host, so workers were killed and restarted in a loop.
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
     )
     if args.workers > 1:
         Multiprocess(config, sockets=[config.bind_socket()]).run()  # what uvicorn.run does for workers
