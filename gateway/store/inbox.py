@@ -151,6 +151,10 @@ async def renew(db: Database, ids: list[int], owner: str, lease: timedelta) -> s
     return await leases.renew(db, InboxRow, ids, owner, lease)
 
 
+async def release_many(db: Database, ids: list[int], owner: str) -> None:
+    await leases.release_many(db, InboxRow, ids, owner)
+
+
 async def release(db: Database, inbox_id: int, owner: str) -> bool:
     return await leases.release(db, InboxRow, inbox_id, owner)
 

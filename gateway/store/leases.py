@@ -215,6 +215,29 @@ async def release(db: Database, table: Any, row_id: int, owner: str) -> bool:
     )
 
 
+async def release_many(db: Database, table: Any, ids: list[int], owner: str) -> None:
+    """`release` for rows claimed but never started (a claim that finished as the process stopped)."""
+    if not ids:
+        return
+    marks = ", ".join("?" * len(ids))
+    statement = (
+        f"UPDATE {table.__tablename__} SET lease_owner = NULL, lease_until = NULL "
+        f"WHERE id IN ({marks}) AND lease_owner = ? AND status = 'pending'"
+    )
+
+    def on_file(conn: sqlite3.Connection) -> None:
+        conn.execute(statement, (*ids, owner))
+
+    async def on_engine(conn: AsyncConnection) -> None:
+        await conn.execute(
+            update(table)
+            .where(table.id.in_(ids), table.lease_owner == owner, table.status == "pending")
+            .values(lease_owner=None, lease_until=None)
+        )
+
+    await db.write(on_file, on_engine)
+
+
 def _sqlite_value(value: Any) -> Any:
     """A value as SQLAlchemy would store it on SQLite (see sqlite_thread.SQLITE_DATETIME_FORMAT)."""
     if isinstance(value, datetime):

@@ -230,6 +230,10 @@ async def renew(db: Database, ids: list[int], owner: str, lease: timedelta) -> s
     return await leases.renew(db, OutboxRow, ids, owner, lease)
 
 
+async def release_many(db: Database, ids: list[int], owner: str) -> None:
+    await leases.release_many(db, OutboxRow, ids, owner)
+
+
 async def release(db: Database, row_id: int, owner: str) -> bool:
     return await leases.release(db, OutboxRow, row_id, owner)
 

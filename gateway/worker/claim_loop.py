@@ -63,16 +63,18 @@ class ClaimLoop(Generic[Row]):
         concurrency: int,
         *,
         renew: Callable[[list[int]], Awaitable[set[int]]],
+        release: Callable[[list[int]], Awaitable[object]],
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         busy: Callable[[], bool] = lambda: False,
     ) -> None:
         """`claim(limit)` leases rows for `lease_seconds`; `renew(ids)` extends the leases of rows in
-        flight and answers the ids still held."""
+        flight and answers the ids still held; `release(ids)` hands rows back (shutting down)."""
         self.name = name
         self.claim = claim
         self.process = process
         self.concurrency = concurrency
         self.renew = renew
+        self.release = release
         self.lease_seconds = lease_seconds
         self.busy = busy
         self.health = ClaimHealth()
@@ -103,7 +105,14 @@ class ClaimLoop(Generic[Row]):
                 if free <= 0:
                     await self._idle()
                     continue
-                claimed = await self._claim_safely(free)
+                claiming = asyncio.ensure_future(self._claim_safely(free))
+                try:
+                    claimed = await asyncio.shield(claiming)
+                except asyncio.CancelledError:
+                    # Shutting down while a claim ran: it may have leased rows in the database. Hand
+                    # them back now, or their conversations wait a whole lease for another process.
+                    await self._release(await claiming)
+                    raise
                 for row in claimed:
                     task = asyncio.create_task(self.process(row), name=self.name)
                     running.add(task)
@@ -117,6 +126,14 @@ class ClaimLoop(Generic[Row]):
             for task in running:
                 task.cancel()
             await asyncio.gather(heartbeat, *running, return_exceptions=True)
+
+    async def _release(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        try:
+            await self.release([row.id for row in rows])
+        except Exception as exc:  # their leases expire on their own
+            log.warning(f"{self.name}_release_failed", error=type(exc).__name__, rows=len(rows))
 
     def _finished(self, row_id: int, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(row_id, None)

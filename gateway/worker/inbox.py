@@ -71,6 +71,7 @@ class InboxWorker:
             lambda row: self.process(row),
             concurrency,
             renew=lambda ids: inbox.renew(self.database, ids, self.owner, self.lease),
+            release=lambda ids: inbox.release_many(self.database, ids, self.owner),
             lease_seconds=lease_seconds,
             busy=busy,
         )

@@ -75,6 +75,7 @@ class OutboxDelivery:
             lambda row: self.deliver(row),
             concurrency,
             renew=lambda ids: outbox.renew(self.database, ids, self.owner, self.lease),
+            release=lambda ids: outbox.release_many(self.database, ids, self.owner),
             lease_seconds=lease_seconds,
         )
         self._recording: set[asyncio.Task[bool]] = set()

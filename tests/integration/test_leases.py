@@ -274,3 +274,37 @@ async def wait_until_async(read: Any, done: Any, seconds: float) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"still {value!r} after {seconds} s")
         await asyncio.sleep(0.05)
+
+
+async def test_rows_claimed_as_the_process_stops_are_handed_back_at_once(database: Database) -> None:
+    """The fault run's finding: a replica SIGTERMed while its claim ran left the rows that claim leased
+    (never started) to wait out their lease; the rest of its rows it handed back at once."""
+    await migrations.upgrade(database)
+    await add_message(database)
+    store = SQLSessionStore(database)
+    worker = InboxWorker(database, Runner(Agent("A", "a", model=BlockingModel()), store), lease_seconds=LEASE)
+    leased, stopping = asyncio.Event(), asyncio.Event()
+    claim = worker.claim
+
+    async def claim_then_stop(limit: int) -> Any:
+        rows = await claim(limit)  # committed: the rows are leased in the database
+        leased.set()
+        await stopping.wait()  # the process is told to stop while the claim's answer is on its way
+        return rows
+
+    worker.claim = claim_then_stop  # type: ignore[method-assign]
+    running = asyncio.create_task(worker.run())
+    try:
+        async with asyncio.timeout(30):
+            await leased.wait()
+        running.cancel()
+        stopping.set()
+        await asyncio.gather(running, return_exceptions=True)
+        async with database.connect() as conn:
+            owner = (await conn.execute(select(InboxRow.lease_owner))).scalar_one()
+        assert owner is None
+        assert [
+            row.session_id for row in await inbox.claim(database, owner_id("in"), timedelta(seconds=LEASE), 9)
+        ] == ["telegram:42"]
+    finally:
+        await store.aclose()
