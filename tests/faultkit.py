@@ -221,8 +221,8 @@ def postgres_bin() -> Path | None:
 class PrivatePostgres:
     """A PostgreSQL server of our own: initdb into a temporary folder, the postmaster on a free port.
 
-    The postmaster leads a process group of its own, so `freeze` (SIGSTOP), `thaw` (SIGCONT) and
-    `kill` (SIGKILL) reach it and every backend at once; `stop` is a fast shutdown. Run as root, the
+    `freeze` (SIGSTOP), `thaw` (SIGCONT) and `kill` (SIGKILL) signal the postmaster and each of its
+    processes (backends, checkpointer, WAL writer…); `stop` is a fast shutdown. Run as root, the
     server runs as the `postgres` user (PostgreSQL refuses root).
     """
 
@@ -284,16 +284,34 @@ class PrivatePostgres:
         run_sync(_admin(self.url(), f'CREATE DATABASE "{name}"'))
         return self.url(name)
 
-    def _signal_group(self, signum: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signum)
+    def server_pids(self) -> list[int]:
+        """The postmaster, then every process it started (each backend calls setsid(), so a signal to
+        the postmaster's process group would not reach them)."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        postmaster = self.process.pid
+        children = []
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == postmaster:
+                    children.append(int(stat.split("/")[2]))
+        return [postmaster, *children]
+
+    def _signal_all(self, signum: int) -> None:
+        pids = self.server_pids()
+        if signum == signal.SIGCONT:
+            pids.reverse()  # the backends first, then the postmaster
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     def freeze(self) -> None:
         """SIGSTOP the postmaster and every backend: connections stay open, nothing answers."""
-        self._signal_group(signal.SIGSTOP)
+        self._signal_all(signal.SIGSTOP)
 
     def thaw(self) -> None:
-        self._signal_group(signal.SIGCONT)
+        self._signal_all(signal.SIGCONT)
 
     def stop(self, timeout: float = 60) -> None:
         """Fast shutdown (SIGINT): connections are closed, new ones refused."""
@@ -306,10 +324,12 @@ class PrivatePostgres:
                 self.kill()
 
     def kill(self) -> None:
-        """SIGKILL to the whole group: a crash; the next start runs crash recovery."""
+        """SIGKILL to the postmaster and every backend: a crash; the next start runs crash recovery."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            pids = self.server_pids()
+            self._signal_all(signal.SIGKILL)
             self.process.wait()
+            wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), "the backends' end", 30)
 
     def close(self) -> None:
         self.stop()
