@@ -120,11 +120,17 @@ def pg(method: str) -> Action:
     return lambda env: getattr(env.postgres, method)()
 
 
-def kill_replica(env: Env) -> None:
+async def kill_replica(env: Env) -> None:
+    """SIGKILL replica 0 as soon as it holds a lease (within 5 s), so the kill strands work."""
     victim = env.replicas[0]
     assert victim.process is not None
-    env.state["killed_pid"] = victim.process.pid
+    pid = victim.process.pid
+    deadline = time.monotonic() + 5
+    held = await fk.leased_rows(env.database_url, victim.owner_prefix(pid))
+    while held == (0, 0) and time.monotonic() < deadline:
+        held = await fk.leased_rows(env.database_url, victim.owner_prefix(pid))
     victim.kill()
+    env.notes.append(f"killed holding {held[0]} inbox and {held[1]} outbox leases")
 
 
 def stop_replica(env: Env) -> None:
@@ -385,8 +391,6 @@ async def load_and_fault(env: Env, scenario: Scenario, number: int) -> fk.Tally:
         await driver.aclose()
     acked = set(driver.acked_at)
     await asyncio.to_thread(fk.wait_answered, env.platform, acked, args.drain)
-    if "killed_pid" in env.state:
-        env.notes.append(f"killed pid {env.state['killed_pid']}")
     exit_codes = await asyncio.to_thread(lambda: [r.stop() for r in env.replicas])
     if any(code != 0 for code in exit_codes):
         env.notes.append(f"exit codes after SIGTERM: {exit_codes}")
@@ -405,6 +409,13 @@ async def load_and_fault(env: Env, scenario: Scenario, number: int) -> fk.Tally:
     outbox = {k: v for k, v in counts.outbox.items() if k != "sent"}
     if inbox or outbox:
         env.notes.append(f"left: inbox {inbox}, outbox {outbox}")
+    if counts.pending:
+        names = {str(pid): f"{r.name} process {n + 1}" for r in env.replicas for n, pid in enumerate(r.pids)}
+        why = {}
+        for reason, count in counts.pending.items():
+            pid = reason.removeprefix("leased to pid ")
+            why[f"leased to {names.get(pid, 'pid ' + pid)}" if pid != reason else reason] = count
+        env.notes.append(f"pending rows: {why}")
     return result
 
 

@@ -47,6 +47,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -708,6 +709,7 @@ class ConnectionPool:
         while self._idle:
             connection = self._idle.pop()
             if connection.closed:
+                connection.close()
                 continue
             try:
                 result = await connection.post(f"{self.host}:{self.port}", path, body, headers)
@@ -732,7 +734,9 @@ class ConnectionPool:
         return result
 
     def _release(self, connection: _Connection) -> None:
-        if not connection.closed:
+        if connection.closed:
+            connection.close()
+        else:
             self._idle.append(connection)
 
     async def aclose(self) -> None:
@@ -865,6 +869,9 @@ class DatabaseCounts:
     stored: set[int]  # orders with an inbox row
     turns: dict[int, int]  # order -> user messages in its session naming it (committed turns)
     session_orders: dict[str, list[int]]  # session -> orders of its user messages, in order
+    # Pending inbox rows by why they wait: "leased to <pid>", "held back" (an older row of the
+    # conversation waits), "retry later" (a failed turn's backoff) or "due".
+    pending: dict[str, int] = field(default_factory=dict)
 
 
 async def database_counts(database_url: str, chat_ids: Iterable[int]) -> DatabaseCounts:
@@ -875,7 +882,16 @@ async def database_counts(database_url: str, chat_ids: Iterable[int]) -> Databas
         async with engine.connect() as conn:
             inbox_rows = (
                 await conn.execute(
-                    select(InboxRow.status, InboxRow.text).where(InboxRow.session_id.in_(sessions))
+                    select(
+                        InboxRow.status,
+                        InboxRow.text,
+                        InboxRow.session_id,
+                        InboxRow.lease_owner,
+                        InboxRow.lease_until,
+                        InboxRow.next_attempt_at,
+                    )
+                    .where(InboxRow.session_id.in_(sessions))
+                    .order_by(InboxRow.id)
                 )
             ).all()
             outbox = (
@@ -896,8 +912,15 @@ async def database_counts(database_url: str, chat_ids: Iterable[int]) -> Databas
         await engine.dispose()
     inbox: dict[str, int] = {}
     stored: set[int] = set()
-    for status, text in inbox_rows:
+    pending: dict[str, int] = {}
+    waiting_sessions: set[str] = set()
+    now = datetime.now(UTC)
+    for status, text, session_id, owner, lease_until, next_attempt_at in inbox_rows:
         inbox[status] = inbox.get(status, 0) + 1
+        if status == "pending":
+            why = _why_pending(session_id in waiting_sessions, owner, lease_until, next_attempt_at, now)
+            pending[why] = pending.get(why, 0) + 1
+            waiting_sessions.add(session_id)
         if found := ORDER_IN_TEXT.search(text or ""):
             stored.add(int(found.group(1)))
     turns: dict[int, int] = {}
@@ -910,7 +933,42 @@ async def database_counts(database_url: str, chat_ids: Iterable[int]) -> Databas
             turns[order] = turns.get(order, 0) + 1
             session_orders.setdefault(session_id, []).append(order)
     outbox_counts = {str(status): int(count) for status, count in outbox}
-    return DatabaseCounts(inbox, outbox_counts, stored, turns, session_orders)
+    return DatabaseCounts(inbox, outbox_counts, stored, turns, session_orders, pending)
+
+
+async def leased_rows(database_url: str, owner_prefix: str) -> tuple[int, int]:
+    """Pending inbox and outbox rows leased to owners whose names start with `owner_prefix`."""
+    engine = create_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            counts = []
+            for table in (InboxRow, OutboxRow):
+                statement = select(func.count()).where(
+                    table.status == "pending", table.lease_owner.startswith(owner_prefix)
+                )
+                counts.append(int((await conn.execute(statement)).scalar_one()))
+            return counts[0], counts[1]
+    finally:
+        await engine.dispose()
+
+
+def _why_pending(
+    held_back: bool,
+    owner: str | None,
+    lease_until: datetime | None,
+    next_attempt_at: datetime | None,
+    now: datetime,
+) -> str:
+    def utc(value: datetime) -> datetime:  # naive values are UTC
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    if owner and lease_until is not None and utc(lease_until) > now:
+        return f"leased to pid {owner.split(':')[1]}"
+    if held_back:
+        return "held back"
+    if next_attempt_at is not None and utc(next_attempt_at) > now:
+        return "retry later"
+    return "due"
 
 
 @dataclass
