@@ -145,7 +145,7 @@ class Settings(BaseSettings):
         gt=0,
         le=600,
         description="The longest a webhook waits for its commit (then 503, and the platform retries); "
-        "on PostgreSQL also each statement's statement_timeout.",
+        "on PostgreSQL also the longest wait for a pooled connection.",
     )
     max_queued_webhooks: int = Field(
         default=2000,

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.store.database import Database
@@ -46,9 +46,6 @@ def _advisory(db: Database, slots: asyncio.Semaphore) -> SessionLock:
         key = _lock_key(session_id)
         async with slots, db.connect() as conn:
             conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            # Waiting for another turn of the session is one statement as long as that turn: the
-            # service's statement_timeout (GATEWAY_DATABASE_TIMEOUT_SECONDS) must not cut it short.
-            await conn.execute(select(func.set_config("statement_timeout", "0", False)))
             await conn.execute(select(func.pg_advisory_lock(key)))
             try:
                 yield
@@ -60,7 +57,6 @@ def _advisory(db: Database, slots: asyncio.Semaphore) -> SessionLock:
 
 async def _pg_unlock(conn: AsyncConnection, key: int) -> None:
     await conn.execute(select(func.pg_advisory_unlock(key)))
-    await conn.execute(text("RESET statement_timeout"))  # the connection goes back to the pool
 
 
 def _digest(session_id: str) -> bytes:

@@ -182,7 +182,7 @@ class OutboxDelivery:
 
         A task of its own, shielded: a send the platform accepted is recorded even when shutdown
         cancels the delivery, which waits for it (see run)."""
-        recording = asyncio.ensure_future(outbox.finish(self.database, row.id, self.owner, **values))
+        recording = asyncio.ensure_future(self._record(row, values))
         self._recording.add(recording)
         recording.add_done_callback(self._recording.discard)
         recorded = await asyncio.shield(recording)
@@ -191,6 +191,22 @@ class OutboxDelivery:
             # row over and will decide its fate (for a sent row: the documented duplicate window).
             log.warning("reply_outcome_not_recorded", outbox_id=row.id, status=values.get("status"))
         return recorded
+
+    async def _record(self, row: ClaimedReply, values: dict[str, Any]) -> bool:
+        """Write the outcome, retrying while the database is away for up to a lease: given up sooner,
+        a reply the platform accepted would be sent again by whoever takes the row over."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease.total_seconds()
+        delay = 0.2
+        while True:
+            try:
+                return await outbox.finish(self.database, row.id, self.owner, **values)
+            except Exception as exc:
+                if loop.time() + delay > deadline:
+                    log.warning("reply_outcome_not_recorded", outbox_id=row.id, error=type(exc).__name__)
+                    return False
+            await asyncio.sleep(delay)  # backoff while the database is away
+            delay = min(delay * 2, 5.0)
 
     async def _release(self, row: ClaimedReply) -> None:
         try:
