@@ -24,7 +24,7 @@ run waits up to `--drain` seconds for every acknowledged message to be answered,
   posted before that end ("not recovered" when one of them still had none at the end).
 
 The scenarios are short so the whole run takes a few minutes; a fault that outlasts what the gateway
-retries (a 10-minute platform outage: delivery gives up after 8 attempts, about 6 minutes) needs
+retries (a 10-minute platform outage: delivery gives up after 8 attempts, 2 to 4 minutes) needs
 `--outage 600` and the matching `--drain`.
 """
 
@@ -496,11 +496,15 @@ with more than one reply. **p99 ack**: from a message's first delivery to its 20
 ("platform hangs": the fake records each message as delivered, then never answers), the gateway \
 cannot know the message arrived and sends it again after its timeout: at-least-once delivery makes \
 that duplicate unavoidable, and the table counts it. The same holds for a crash between a \
-platform's 200 and our commit of `sent` (SIGKILL), a window of milliseconds.
+platform's 200 and our commit of `sent` (SIGKILL), a window of milliseconds, and for a database \
+that fails while a reply's `sent` is being recorded ("database crashed": the row is sent again when \
+its lease expires).
+- Each row is one run: how many messages a fault catches in flight (a turn running, a reply being \
+sent) varies from run to run, so losses and duplicates are the figures to read, not their exact size.
 - The outages here are short (`--outage`, {args.outage:g} s) so the whole run takes minutes. The \
 issue's 10-minute platform outage is `--only "platform down" --outage 600 --drain 900`: delivery \
-gives up after 8 attempts (about 6 minutes of backoff), so such an outage loses replies until \
-delivery has a time budget instead of an attempt count.
+gives up after 8 attempts (backoffs of 2, 4, … 128 s with jitter: 2 to 4 minutes), so such an \
+outage loses replies until delivery has a time budget instead of an attempt count.
 - How it runs: `tests/faultkit.py` (real `gateway serve` processes, a private PostgreSQL server, \
 fake Bot API and model servers switched at run time, the load driver and the accounting); this \
 file's scenarios are in `benchmarks/faults.py`.
