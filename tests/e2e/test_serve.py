@@ -57,7 +57,12 @@ def test_serve_on_embedded_defaults(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         ready = wait_ready(process, base)
-        assert ready.json() == {"status": "ready", "database": "ok", "schema": head_revision()}
+        assert ready.json() == {
+            "status": "ready",
+            "database": "ok",
+            "schema": head_revision(),
+            "claims": {"worker": "ok", "delivery": "ok"},
+        }
         assert (tmp_path / "data" / "gateway.db").is_file()
 
         health = httpx.get(f"{base}/healthz", headers={"X-Request-ID": "e2e-1"})

@@ -34,7 +34,12 @@ async def test_healthz_and_readyz_when_migrated(database_url: str) -> None:
             ready = await client.get("/readyz")
     assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "database": "ok", "schema": migrations.head_revision()}
+    assert ready.json() == {
+        "status": "ready",
+        "database": "ok",
+        "schema": migrations.head_revision(),
+        "claims": {"worker": "ok", "delivery": "ok"},
+    }
 
 
 def test_readyz_is_503_when_the_schema_is_behind(sqlite_url: str) -> None:
