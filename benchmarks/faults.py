@@ -23,9 +23,8 @@ run waits up to `--drain` seconds for every acknowledged message to be answered,
   (retries included); time to recover: from the end of the fault to the last reply to a message first
   posted before that end ("not recovered" when one of them still had none at the end).
 
-The scenarios are short so the whole run takes a few minutes; a fault that outlasts what the gateway
-retries (a 10-minute platform outage: delivery gives up after 8 attempts, 2 to 4 minutes) needs
-`--outage 600` and the matching `--drain`.
+The scenarios are short so the whole run takes a few minutes; a long fault (the issue's 10-minute
+platform outage, within delivery's 24-hour retry budget) needs `--outage 600` and the matching `--drain`.
 """
 
 from __future__ import annotations
@@ -503,8 +502,8 @@ its lease expires).
 sent) varies from run to run, so losses and duplicates are the figures to read, not their exact size.
 - The outages here are short (`--outage`, {args.outage:g} s) so the whole run takes minutes. The \
 issue's 10-minute platform outage is `--only "platform down" --outage 600 --drain 900`: delivery \
-gives up after 8 attempts (backoffs of 2, 4, … 128 s with jitter: 2 to 4 minutes), so such an \
-outage loses replies until delivery has a time budget instead of an attempt count.
+retries transient failures for GATEWAY_DELIVERY_RETRY_HOURS (24 h) from the first, at most 10 minutes \
+apart, so the drain must cover the last backoff.
 - How it runs: `tests/faultkit.py` (real `gateway serve` processes, a private PostgreSQL server, \
 fake Bot API and model servers switched at run time, the load driver and the accounting); this \
 file's scenarios are in `benchmarks/faults.py`.
