@@ -217,21 +217,29 @@ def start_fake_platform(workdir: Path) -> Server:
     return server
 
 
-def start_gateway(workdir: Path, api_base: str) -> Server:
+def start_gateway(
+    workdir: Path, api_base: str, database_url: str | None = None, name: str = "gateway"
+) -> Server:
+    """`gateway serve` in `workdir`: on its default SQLite file there, or on `database_url`."""
     port = free_port()
-    env = clean_env() | {
-        "GATEWAY_TELEGRAM_SECRET_TOKEN": SECRET,
-        "GATEWAY_TELEGRAM_BOT_TOKEN": BOT_TOKEN,
-        "GATEWAY_TELEGRAM_API_BASE": api_base,
-        # 0 = unlimited for all three: the fake platform has no limits.
-        "GATEWAY_TELEGRAM_CHAT_PER_SECOND": "0",
-        "GATEWAY_TELEGRAM_GROUP_PER_MINUTE": "0",
-        "GATEWAY_TELEGRAM_GLOBAL_PER_SECOND": "0",
-        "GATEWAY_LOG_LEVEL": "warning",
-        "GATEWAY_LOG_FORMAT": "json",
-    }
+    database = {} if database_url is None else {"GATEWAY_DATABASE_URL": database_url}
+    env = (
+        clean_env()
+        | database
+        | {
+            "GATEWAY_TELEGRAM_SECRET_TOKEN": SECRET,
+            "GATEWAY_TELEGRAM_BOT_TOKEN": BOT_TOKEN,
+            "GATEWAY_TELEGRAM_API_BASE": api_base,
+            # 0 = unlimited for all three: the fake platform has no limits.
+            "GATEWAY_TELEGRAM_CHAT_PER_SECOND": "0",
+            "GATEWAY_TELEGRAM_GROUP_PER_MINUTE": "0",
+            "GATEWAY_TELEGRAM_GLOBAL_PER_SECOND": "0",
+            "GATEWAY_LOG_LEVEL": "warning",
+            "GATEWAY_LOG_FORMAT": "json",
+        }
+    )
     argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    server = start_process("gateway", argv, workdir, env, f"http://127.0.0.1:{port}")
+    server = start_process(name, argv, workdir, env, f"http://127.0.0.1:{port}")
     wait_ready(server, f"http://127.0.0.1:{port}/readyz")
     return server
 
@@ -329,9 +337,16 @@ class Posted:
 
 
 async def post_updates(
-    gateway_url: str, messages: int, conversations: int, concurrency: int, chat_base: int, id_base: int
+    gateway_url: str | list[str],
+    messages: int,
+    conversations: int,
+    concurrency: int,
+    chat_base: int,
+    id_base: int,
 ) -> Posted:
-    """Message i goes to chat i % conversations; each lane posts its chats' messages in order."""
+    """Message i goes to chat i % conversations; each lane posts its chats' messages in order. With
+    several gateway URLs (replicas), lane n posts to URL n % their number."""
+    urls = [gateway_url] if isinstance(gateway_url, str) else gateway_url
     posted = Posted()
     headers = {"Content-Type": "application/json", "X-Telegram-Bot-Api-Secret-Token": SECRET}
     lanes = min(concurrency, conversations)
@@ -354,7 +369,7 @@ async def post_updates(
         raise SystemExit(f"update {id_base + i} was refused 5 times: {posted.statuses}")
 
     async def lane(number: int) -> None:
-        connection = Connection(gateway_url)
+        connection = Connection(urls[number % len(urls)])
         try:
             for seq in range(-(-messages // conversations)):
                 for chat in range(number, conversations, lanes):
@@ -368,19 +383,24 @@ async def post_updates(
     return posted
 
 
-def wait_for_replies(fake_url: str, gateway: Server, count: int, timeout: float) -> dict[str, Any]:
+def wait_for_replies(
+    fake_url: str, gateway: Server | list[Server], count: int, timeout: float
+) -> dict[str, Any]:
     """Long-poll the fake platform until it received `count` replies (or give up)."""
+    gateways = [gateway] if isinstance(gateway, Server) else gateway
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=fake_url, timeout=30) as client:
         while True:
             summary: dict[str, Any] = client.get("/_bench/wait", params={"count": count, "timeout": 2}).json()
             if summary["total"] >= count:
                 return summary
-            if gateway.process.poll() is not None:
-                raise SystemExit(f"gateway serve died:\n{gateway.log_tail()}")
+            for server in gateways:
+                if server.process.poll() is not None:
+                    raise SystemExit(f"{server.name} died:\n{server.log_tail()}")
             if time.monotonic() > deadline:
                 raise SystemExit(
-                    f"only {summary['total']} of {count} replies after {timeout:.0f} s:\n{gateway.log_tail()}"
+                    f"only {summary['total']} of {count} replies after {timeout:.0f} s:\n"
+                    f"{gateways[0].log_tail()}"
                 )
 
 
@@ -437,65 +457,85 @@ def check_replies(per_chat: dict[str, list[int]], messages: int, conversations: 
     return duplicates, missing, out_of_order
 
 
-def table_counts(database: Path, table: str) -> dict[str, int]:
-    connection = sqlite3.connect(database)
-    try:
-        rows = connection.execute(f"SELECT status, count(*) FROM {table} GROUP BY status").fetchall()
-    finally:
-        connection.close()
+def table_counts(database: Path | str, table: str) -> dict[str, int]:
+    """Rows of `table` by status, in an SQLite file or a PostgreSQL database (its URL)."""
+    query = f"SELECT status, count(*) FROM {table} GROUP BY status"
+    if isinstance(database, str):
+        import asyncpg  # the postgres extra
+
+        dsn = database.replace("postgresql+asyncpg://", "postgresql://")
+
+        async def read() -> list[Any]:
+            connection = await asyncpg.connect(dsn)
+            try:
+                return list(await connection.fetch(query))
+            finally:
+                await connection.close()
+
+        rows = asyncio.run(read())
+    else:
+        connection = sqlite3.connect(database)
+        try:
+            rows = connection.execute(query).fetchall()
+        finally:
+            connection.close()
     return {status: count for status, count in rows}
 
 
-def run_round(args: argparse.Namespace, number: int, fake_url: str) -> Round:
+def run_round(
+    args: argparse.Namespace, number: int, fake_url: str, database_url: str | None = None, replicas: int = 1
+) -> Round:
+    """One measured round on a fresh database: the default SQLite file in a temporary folder, or
+    `database_url` (an empty PostgreSQL database) shared by `replicas` gateway processes."""
     with tempfile.TemporaryDirectory(prefix="chatflow-gateway-e2e-") as tmp:
         workdir = Path(tmp)
         with httpx.Client(base_url=fake_url) as fake:
             fake.post("/_bench/reset")
-        gateway = start_gateway(workdir, fake_url)
+        # One after the other: the first migrates the database, the others find it at head.
+        gateways: list[Server] = []
         try:
+            for replica in range(replicas):
+                gateways.append(start_gateway(workdir, fake_url, database_url, f"gateway-{replica + 1}"))
+            urls = [gateway.url for gateway in gateways]
             id_base = (number + 1) * 100_000_000
             if args.warmup:
                 asyncio.run(
-                    post_updates(
-                        gateway.url, args.warmup, min(args.warmup, 100), 16, WARMUP_CHAT_BASE, id_base // 2
-                    )
+                    post_updates(urls, args.warmup, min(args.warmup, 100), 16, WARMUP_CHAT_BASE, id_base // 2)
                 )
-                wait_for_replies(fake_url, gateway, args.warmup, REPLY_TIMEOUT_FLOOR)
+                wait_for_replies(fake_url, gateways, args.warmup, REPLY_TIMEOUT_FLOOR)
                 with httpx.Client(base_url=fake_url) as fake:
                     fake.post("/_bench/reset")
-            cpu_before = cpu_seconds(gateway.process.pid)
+            cpu_before = [cpu_seconds(gateway.process.pid) for gateway in gateways]
             started = time.monotonic()
             posted = asyncio.run(
-                post_updates(
-                    gateway.url, args.messages, args.conversations, args.concurrency, CHAT_BASE, id_base
-                )
+                post_updates(urls, args.messages, args.conversations, args.concurrency, CHAT_BASE, id_base)
             )
             acked = time.monotonic()
             summary = wait_for_replies(
-                fake_url, gateway, args.messages, max(REPLY_TIMEOUT_FLOOR, args.messages / 50)
+                fake_url, gateways, args.messages, max(REPLY_TIMEOUT_FLOOR, args.messages / 50)
             )
-            cpu_after = cpu_seconds(gateway.process.pid)
+            cpu_after = [cpu_seconds(gateway.process.pid) for gateway in gateways]
         finally:
-            exit_code = gateway.stop()
+            exit_codes = [gateway.stop() for gateway in gateways]
         with httpx.Client(base_url=fake_url) as fake:
             final = fake.get("/_bench/replies").json()  # after the stop: late duplicates count too
-        database = workdir / "data" / "gateway.db"
+        database: Path | str = workdir / "data" / "gateway.db" if database_url is None else database_url
         inbox, outbox = table_counts(database, "chatflow_inbox"), table_counts(database, "chatflow_outbox")
     duplicates, missing, out_of_order = check_replies(final["per_chat"], args.messages, args.conversations)
-    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    cpus = [after - before for before, after in zip(cpu_before, cpu_after, strict=True) if before and after]
     return Round(
         messages=args.messages,
         warmup=args.warmup,
         elapsed=summary["last_at"] - started,
         ack_elapsed=acked - started,
-        gateway_cpu=cpu,
+        gateway_cpu=sum(cpus) if len(cpus) == len(gateways) else None,
         replies=final["total"],
         duplicates=duplicates,
         missing=missing,
         out_of_order=out_of_order,
         inbox=inbox,
         outbox=outbox,
-        exit_code=exit_code,
+        exit_code=next((code for code in exit_codes if code), 0),
         statuses=posted.statuses,
         retries=posted.retries,
         not_new=posted.not_new,

@@ -78,7 +78,11 @@ class Services:
 def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = PLATFORMS) -> Services:
     """Everything `gateway serve` runs (and `gateway worker`, which leaves the webhooks out)."""
     by_name(platforms)  # ValueError for two platforms of one name, before anything is built
-    database = Database.open(settings.database_url, pool_timeout=settings.database_timeout_seconds)
+    database = Database.open(
+        settings.database_url,
+        pool_timeout=settings.database_timeout_seconds,
+        pool_size=settings.database_pool_size,
+    )
     http = http_client(HTTP_TIMEOUT_SECONDS)
     delivery = build_delivery(settings, database, http, platforms)
     ingest = Ingest(

@@ -147,6 +147,13 @@ class Settings(BaseSettings):
         description="The longest a webhook waits for its commit (then 503, and the platform retries); "
         "on PostgreSQL also the longest wait for a pooled connection.",
     )
+    database_pool_size: int = Field(
+        default=20,
+        ge=1,
+        le=500,
+        description="PostgreSQL: the connections each gateway process opens at most, and keeps open "
+        "(see docs/deploy.md for sizing against the server's max_connections).",
+    )
     max_queued_webhooks: int = Field(
         default=2000,
         ge=1,

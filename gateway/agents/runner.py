@@ -82,15 +82,19 @@ class Runner:
         metadata: Mapping[str, Any] | None = None,
         *,
         commit_with: Callable[[list[Message]], object] | None = None,
+        leased: bool = False,
     ) -> RunResult:
         """Run one turn. On any failure (exception, timeout, cancellation) the session is left as it was.
 
         `commit_with` turns the turn's new messages into what the caller commits along with the
         session, in the same transaction (the gateway's worker: its inbox row done, the replies to
-        deliver); the runner hands it to the store's save without looking at it.
+        deliver); the runner hands it to the store's save without looking at it. `leased`: the caller
+        holds the session against other processes already (the worker's lease on the conversation,
+        checked again by that commit), so only this process's lock is taken: on PostgreSQL the
+        cross-process lock holds a pooled connection for the whole turn.
         """
         store = self.session_store
-        async with store.session_lock(session_id):
+        async with store.session_lock(session_id, across_processes=not leased):
             session = await store.get_or_create(session_id, self.starting_agent)
             checkpoint = session.checkpoint()
             saved = False

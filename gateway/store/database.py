@@ -147,7 +147,8 @@ class Database:
 
         `on_file(items)` runs on the event loop and gives the work to run on the writer thread, outside
         any transaction (it opens its own); `urgent`: ahead of the other work waiting there.
-        `on_engine` runs one batch at a time, so ids keep arrival order.
+        `on_engine` runs up to ENGINE_BATCHES_IN_FLIGHT batches at once: a batch's ids follow the
+        requests answered before it was started, and it takes its locks in one order (ingest.py).
         """
         return self._backend.batcher(on_file, on_engine, urgent=urgent)
 
@@ -203,7 +204,9 @@ class _EngineBackend:
 
             task.add_done_callback(finished)
 
-        batcher = GroupCommit(commit, in_flight=1, max_batch=MAX_BATCH_ITEMS, isolate=refused_value)
+        batcher = GroupCommit(
+            commit, in_flight=ENGINE_BATCHES_IN_FLIGHT, max_batch=MAX_BATCH_ITEMS, isolate=refused_value
+        )
         self._batchers.append(batcher)
         return batcher
 
@@ -213,6 +216,9 @@ class _EngineBackend:
 
 
 MAX_BATCH_ITEMS = 2000  # submissions of a merging batcher committed together
+# Batches of a merging batcher committing at once on PostgreSQL: each waits for its round trips and its
+# commit's flush, so one at a time left the server idle between them (see benchmarks/postgres.py).
+ENGINE_BATCHES_IN_FLIGHT = 4
 
 
 @dataclass(slots=True)

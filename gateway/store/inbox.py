@@ -172,7 +172,7 @@ async def fail(
     }
     if dead:
         values.update(status="dead", finished_at=utcnow())
-    return await leases.update_row(db, InboxRow, inbox_id, values, lease_owner=owner)
+    return await leases.settle(db, InboxRow, inbox_id, owner, values)
 
 
 # --- operators -------------------------------------------------------------------------------------

@@ -118,23 +118,23 @@ class Ingest:
         for index, item in enumerate(items):
             first.setdefault(item.key, index)
         db = self._db
-        rows = dedup.claim_rows([(items[i].key, items[i].platform) for i in first.values()], now, self._ttl)
+        # Several batches commit at once on PostgreSQL: each takes its row locks in one order (keys,
+        # then the conversations' queue heads, which the inbox's trigger moves in session order, then
+        # delivery statuses), so two batches never wait for each other in a cycle.
+        distinct = sorted((items[i].key, items[i].platform) for i in first.values())
+        rows = dedup.claim_rows(distinct, now, self._ttl)
         claim = dedup.claim_keys(db, rows).returning(ProcessedMessageRow.message_key)
         async with db.begin() as conn:
             claimed = set((await conn.execute(claim)).scalars())
             new = [first.get(item.key) == i and item.key in claimed for i, item in enumerate(items)]
-            inbox_rows = [
-                inbox.insert_values(item.message, item.pending, now)
-                for item, is_new in zip(items, new, strict=True)
-                if is_new and item.message is not None
-            ]
+            fresh = [item for item, is_new in zip(items, new, strict=True) if is_new]
+            inbox_rows = [inbox.insert_values(i.message, i.pending, now) for i in fresh if i.message]
             if inbox_rows:
                 await conn.execute(inbox.insert(db, inbox_rows))
-            for item, is_new in zip(items, new, strict=True):
-                if is_new and item.status is not None:
-                    await conn.execute(outbox.apply_status(item.status, now))
-                if is_new and item.membership is not None:
-                    await conn.execute(chats.upsert(db, item.membership))
+            for status in sorted((i.status for i in fresh if i.status), key=lambda s: s.dedup_key):
+                await conn.execute(outbox.apply_status(status, now))
+            for change in sorted((i.membership for i in fresh if i.membership), key=lambda c: c.dedup_key):
+                await conn.execute(chats.upsert(db, change))
         return _per_request(requests, new)
 
     # --- the SQLite file ---------------------------------------------------------------------------
@@ -265,12 +265,13 @@ def _commit_in_one_statement(conn: sqlite3.Connection, batch: _FileBatch) -> lis
     for key in keys:
         claim = batch.claims[key]
         row = batch.inbox[first_items[key]]
-        with_inbox += row is not None
+        with_inbox += 0 if row is None else 2 if row[7] == "pending" else 1
         params += (batch.number, key, claim[1], claim[2], claim[3], row is not None)
         params += (None,) * 7 if row is None else row[1:8]
     before = conn.total_changes
     conn.execute(_one_statement_sql(len(keys)), params)
-    # Each key claimed changes two rows (its key, its note), three with an inbox row written.
+    # Each key claimed changes two rows (its key, its note), three with an inbox row written, four when
+    # that row is pending (its queue head, by the inbox's trigger: migration 0007).
     if conn.total_changes - before == 2 * len(keys) + with_inbox:
         claimed = set(keys)
     else:

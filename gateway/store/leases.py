@@ -1,10 +1,11 @@
 """Leases on the rows of a work table (the inbox, the outbox): claim in order, update while held, release.
 
-A row is claimable when it is pending, due, not leased (or its lease expired), and no older row of
-its conversation is still pending. A leased row is still pending, so it holds back the younger rows
-of its conversation: each conversation advances in order, whatever the number of claimers. On
-PostgreSQL a claim locks the rows it takes with FOR UPDATE SKIP LOCKED, so replicas never take one
-row twice; on SQLite one writer at a time makes the claim's single statement atomic.
+Each conversation advances in order, whatever the number of claimers: only its oldest pending row,
+its head (gateway/store/queue_heads.py), can be claimed, and a claim leases the head with the row, so
+the rows behind it wait until the holder settles it. A claim reads due heads only, so it costs the
+same whatever the backlog. On PostgreSQL a claim locks the heads it takes with FOR UPDATE SKIP
+LOCKED, so replicas never take one twice; on SQLite one writer at a time makes the claim atomic.
+Every change to a held row is conditional on its lease owner; the table's triggers move the heads.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, exists, func, or_, select, update
+from sqlalchemy import JSON, update
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.orm import aliased
 
 from gateway.domain.messages import utcnow
+from gateway.store import queue_heads
 from gateway.store.database import Database
 from gateway.store.sqlite_thread import to_sqlite_datetime
 
@@ -53,13 +54,16 @@ async def claim(
 def claim_on_file(
     table: Any, columns: tuple[str, ...], owner: str, now: datetime, lease_until: datetime, limit: int
 ) -> Callable[[sqlite3.Connection], list[Row]]:
-    """The claim as one statement: select the claimable rows and lease them, returning them."""
-    statement, decode = _claim_sql(table, columns)
-    stamp = to_sqlite_datetime(now)
-    params = (owner, to_sqlite_datetime(lease_until), stamp, stamp, limit)
+    """Lease the due heads, then their rows, returning the rows in id order."""
+    queue = table.__tablename__
+    decode = _json_columns(table, columns)
+    stamp = to_sqlite_datetime(lease_until)
 
     def work(conn: sqlite3.Connection) -> list[Row]:
-        rows = conn.execute(statement, params).fetchall()
+        heads = queue_heads.lease_on_file(conn, queue, owner, now, lease_until, limit)
+        if not heads:
+            return []
+        rows = conn.execute(_lease_rows_sql(queue, columns, len(heads)), (owner, stamp, *heads)).fetchall()
         rows.sort(key=lambda row: row[0])  # RETURNING has no order of its own
         if not any(decode):
             return rows
@@ -71,157 +75,119 @@ def claim_on_file(
 def claim_on_engine(
     table: Any, columns: tuple[str, ...], owner: str, now: datetime, lease_until: datetime, limit: int
 ) -> Callable[[AsyncConnection], Any]:
-    """The same claim in SQLAlchemy: select (locking the rows on PostgreSQL, skipping those others are
-    claiming), then lease what was selected, in one transaction. Built only when run: building the
-    statement costs more than running the file's spelling."""
+    """The same claim in SQLAlchemy, in one transaction."""
+    queue = table.__tablename__
 
     async def work(conn: AsyncConnection) -> list[Row]:
-        older = aliased(table)
-        oldest_pending = select(func.min(older.id)).where(older.status == "pending").scalar_subquery()
-        held_back = exists().where(
-            older.session_id == table.session_id,
-            older.status == "pending",
-            older.id < table.id,
-            older.id
-            >= oldest_pending,  # the backlog only, whatever the conversation's history (see _claim_sql)
+        heads = await queue_heads.lease_on_engine(conn, queue, owner, now, lease_until, limit)
+        if not heads:
+            return []
+        leased = await conn.execute(
+            update(table)
+            .where(table.id.in_(sorted(heads)), table.status == "pending")
+            .values(lease_owner=owner, lease_until=lease_until)
+            .returning(table.id, *(getattr(table, c) for c in columns))
         )
-        free = or_(table.lease_until.is_(None), table.lease_until < now)
-        query = (
-            select(table.id, *(getattr(table, c) for c in columns))
-            .where(table.status == "pending", table.next_attempt_at <= now, free, ~held_back)
-            .order_by(table.id)
-            .limit(limit)
-            .with_for_update(skip_locked=True, of=table)
-        )
-        rows = [tuple(row) for row in await conn.execute(query)]
-        if rows:
-            await conn.execute(
-                update(table)
-                .where(table.id.in_([r[0] for r in rows]))
-                .values(lease_owner=owner, lease_until=lease_until)
-            )
-        return rows
+        return sorted((tuple(row) for row in leased), key=lambda row: row[0])
 
     return work
 
 
 @functools.cache
-def _claim_sql(table: Any, columns: tuple[str, ...]) -> tuple[str, list[bool]]:
-    name = table.__tablename__
-    json_columns = {c.key for c in table.__table__.columns if isinstance(c.type, JSON)}
-    by_status = any([c.name for c in index.columns] == ["status", "id"] for index in table.__table__.indexes)
-    oldest_pending = f"(SELECT min(id) FROM {name} WHERE status = 'pending')"
-    # Candidates in id order: through the (status, id) index where there is one, else through the
-    # table from its oldest pending row on (never through an index in another order: every pending
-    # row would be checked and sorted at each claim).
-    candidates = f"{name} AS c" if by_status else f"{name} AS c NOT INDEXED"
-    from_oldest = "" if by_status else f"AND c.id >= {oldest_pending} "
-    # Whether an older row of the conversation is pending is read through the (session_id, id) index
-    # from the oldest pending row of the table on: the conversation's rows within the backlog, not
-    # its whole history. (SQLite would otherwise pick the (status, id) index and read every older
-    # pending row of every conversation.)
-    statement = (
-        f"UPDATE {name} SET lease_owner = ?, lease_until = ? WHERE id IN ("
-        f"SELECT c.id FROM {candidates} WHERE c.status = 'pending' {from_oldest}"
-        "AND c.next_attempt_at <= ? AND (c.lease_until IS NULL OR c.lease_until < ?) "
-        f"AND NOT EXISTS (SELECT 1 FROM {name} AS o INDEXED BY ix_{name}_session_id_id "
-        f"WHERE o.session_id = c.session_id AND o.id < c.id AND o.id >= {oldest_pending} "
-        "AND o.status = 'pending') "
-        f"ORDER BY c.id LIMIT ?) RETURNING id, {', '.join(columns)}"
+def _lease_rows_sql(queue: str, columns: tuple[str, ...], count: int) -> str:
+    marks = ", ".join("?" * count)
+    return (
+        f"UPDATE {queue} SET lease_owner = ?, lease_until = ? WHERE id IN ({marks}) AND status = 'pending' "
+        f"RETURNING id, {', '.join(columns)}"
     )
-    return statement, [column in json_columns for column in columns]
+
+
+@functools.cache
+def _json_columns(table: Any, columns: tuple[str, ...]) -> list[bool]:
+    json_columns = {c.key for c in table.__table__.columns if isinstance(c.type, JSON)}
+    return [column in json_columns for column in columns]
 
 
 def _decode(value: Any, is_json: bool) -> Any:
     return json.loads(value) if is_json and value is not None else value
 
 
-async def update_row(
-    db: Database,
-    table: Any,
-    row_id: int,
-    values: dict[str, Any],
-    *,
-    lease_owner: str | None = None,
-    status: str | None = None,
-) -> bool:
-    """Set `values` on row `row_id` (only while `lease_owner` holds it and it has `status`, when given).
-
-    True when the row was updated.
-    """
+async def settle(db: Database, table: Any, row_id: int, owner: str, values: dict[str, Any]) -> bool:
+    """Set `values` on pending row `row_id` while `owner` holds it (its outcome, a later attempt, or
+    its lease handed back: the table's trigger then moves its conversation's head). False when the
+    row is not `owner`'s any more: nothing is written."""
     unknown = set(values) - set(table.__table__.columns.keys())
     if unknown:
         raise ValueError(f"{table.__tablename__} has no column {sorted(unknown)[0]!r}")
-    where = ["id = ?"]
-    params = [_sqlite_value(v) for v in values.values()]
-    params.append(row_id)
-    if lease_owner is not None:
-        where.append("lease_owner = ?")
-        params.append(lease_owner)
-    if status is not None:
-        where.append("status = ?")
-        params.append(status)
+    queue = table.__tablename__
     assignments = ", ".join(f"{k} = ?" for k in values)
-    statement = f"UPDATE {table.__tablename__} SET {assignments} WHERE {' AND '.join(where)}"
+    statement = f"UPDATE {queue} SET {assignments} WHERE id = ? AND lease_owner = ? AND status = 'pending'"
+    params = (*(_sqlite_value(v) for v in values.values()), row_id, owner)
 
     def on_file(conn: sqlite3.Connection) -> bool:
         return bool(conn.execute(statement, params).rowcount == 1)
 
     async def on_engine(conn: AsyncConnection) -> bool:
-        conditions = [table.id == row_id]
-        if lease_owner is not None:
-            conditions.append(table.lease_owner == lease_owner)
-        if status is not None:
-            conditions.append(table.status == status)
-        result = await conn.execute(update(table).where(*conditions).values(**values))
-        return bool(result.rowcount == 1)
+        settled = await conn.execute(
+            update(table)
+            .where(table.id == row_id, table.lease_owner == owner, table.status == "pending")
+            .values(**values)
+        )
+        return bool(settled.rowcount == 1)
 
     return await db.write(on_file, on_engine)
 
 
 async def renew(db: Database, table: Any, ids: list[int], owner: str, lease: timedelta) -> set[int]:
-    """Extend `owner`'s leases on rows `ids` to `lease` from now; the ids it still held (and now holds
-    longer). A row missing from the answer was taken over after its lease expired, or is finished."""
+    """Extend `owner`'s leases on rows `ids`, and on their heads, to `lease` from now; the ids it still
+    held (and now holds longer). A row missing from the answer was taken over after its lease expired,
+    or is finished."""
     if not ids:
         return set()
     lease_until = utcnow() + lease
-    name = table.__tablename__
+    queue = table.__tablename__
     marks = ", ".join("?" * len(ids))
     statement = (
-        f"UPDATE {name} SET lease_until = ? WHERE id IN ({marks}) AND lease_owner = ? AND status = 'pending' "
-        "RETURNING id"
+        f"UPDATE {queue} SET lease_until = ? WHERE id IN ({marks}) AND lease_owner = ? "
+        "AND status = 'pending' RETURNING id, session_id"
     )
     params = (to_sqlite_datetime(lease_until), *ids, owner)
 
     def on_file(conn: sqlite3.Connection) -> set[int]:
-        return {row_id for (row_id,) in conn.execute(statement, params)}
+        renewed = conn.execute(statement, params).fetchall()
+        queue_heads.renew_on_file(conn, queue, [session for _, session in renewed], owner, lease_until)
+        return {row_id for row_id, _ in renewed}
 
     async def on_engine(conn: AsyncConnection) -> set[int]:
-        renewed = await conn.execute(
-            update(table)
-            .where(table.id.in_(ids), table.lease_owner == owner, table.status == "pending")
-            .values(lease_until=lease_until)
-            .returning(table.id)
+        renewed = list(
+            await conn.execute(
+                update(table)
+                .where(table.id.in_(sorted(ids)), table.lease_owner == owner, table.status == "pending")
+                .values(lease_until=lease_until)
+                .returning(table.id, table.session_id)
+            )
         )
-        return {row_id for (row_id,) in renewed}
+        await queue_heads.renew_on_engine(
+            conn, queue, [session for _, session in renewed], owner, lease_until
+        )
+        return {row_id for row_id, _ in renewed}
 
     return await db.write(on_file, on_engine)
 
 
 async def release(db: Database, table: Any, row_id: int, owner: str) -> bool:
     """Hand a pending row back now rather than when its lease expires (shutting down)."""
-    return await update_row(
-        db, table, row_id, {"lease_owner": None, "lease_until": None}, lease_owner=owner, status="pending"
-    )
+    return await settle(db, table, row_id, owner, {"lease_owner": None, "lease_until": None})
 
 
 async def release_many(db: Database, table: Any, ids: list[int], owner: str) -> None:
     """`release` for rows claimed but never started (a claim that finished as the process stopped)."""
     if not ids:
         return
+    queue = table.__tablename__
     marks = ", ".join("?" * len(ids))
     statement = (
-        f"UPDATE {table.__tablename__} SET lease_owner = NULL, lease_until = NULL "
+        f"UPDATE {queue} SET lease_owner = NULL, lease_until = NULL "
         f"WHERE id IN ({marks}) AND lease_owner = ? AND status = 'pending'"
     )
 
@@ -231,7 +197,7 @@ async def release_many(db: Database, table: Any, ids: list[int], owner: str) -> 
     async def on_engine(conn: AsyncConnection) -> None:
         await conn.execute(
             update(table)
-            .where(table.id.in_(ids), table.lease_owner == owner, table.status == "pending")
+            .where(table.id.in_(sorted(ids)), table.lease_owner == owner, table.status == "pending")
             .values(lease_owner=None, lease_until=None)
         )
 

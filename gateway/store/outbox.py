@@ -131,11 +131,12 @@ async def reply_texts(conn: AsyncConnection, inbox_id: int) -> list[str]:
 
 # --- status webhooks -------------------------------------------------------------------------------
 def _allowed_before(status: str) -> list[str]:
-    """The statuses a new `status` may replace."""
+    """The statuses a new `status` may replace: a sent row's only (a pending row has no platform message
+    id yet; it leaves pending through the holder of its lease)."""
     if status == "failed":
-        return ["pending", "sent", "delivered", "read"]
+        return ["sent", "delivered", "read"]
     rank = _STATUS_RANK.get(status, 0)
-    return ["pending", *(s for s, r in _STATUS_RANK.items() if r < rank)]
+    return [s for s, r in _STATUS_RANK.items() if r < rank]
 
 
 def _error_code(status: StatusUpdate) -> str | None:
@@ -242,7 +243,7 @@ async def finish(db: Database, row_id: int, owner: str, **values: Any) -> bool:
     """Record a delivery's outcome (its status, the platform's message id or error) and end the lease,
     if `owner` still holds it; False (nothing written) when another process took the row over."""
     values.update(lease_owner=None, lease_until=None, updated_at=utcnow())
-    return await leases.update_row(db, OutboxRow, row_id, values, lease_owner=owner, status="pending")
+    return await leases.settle(db, OutboxRow, row_id, owner, values)
 
 
 # --- operators -------------------------------------------------------------------------------------

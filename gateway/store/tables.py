@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, MetaData, String, Text
+from sqlalchemy import text as sql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -126,8 +127,16 @@ class InboxRow(Base):
     finished_at: Mapped[datetime | None]
 
     __table_args__ = (
-        Index(None, "status", "id"),  # what is claimable, oldest first, without sorting the backlog
+        Index(None, "status", "id"),  # operators' listing by status
         Index(None, "session_id", "id"),  # a conversation in arrival order
+        # A conversation's oldest pending row, in one index probe whatever its history (queue_heads.py).
+        Index(
+            "ix_chatflow_inbox_pending",
+            "session_id",
+            "id",
+            sqlite_where=sql("status = 'pending'"),
+            postgresql_where=sql("status = 'pending'"),
+        ),
     )
 
 
@@ -165,6 +174,38 @@ class OutboxRow(Base):
     __table_args__ = (
         Index(None, "status", "next_attempt_at"),
         Index(None, "session_id", "id"),
+        Index(
+            "ix_chatflow_outbox_pending",
+            "session_id",
+            "id",
+            sqlite_where=sql("status = 'pending'"),
+            postgresql_where=sql("status = 'pending'"),
+        ),
+    )
+
+
+class QueueHeadRow(Base):
+    """Per work table (`queue`: chatflow_inbox, chatflow_outbox) and conversation: its oldest pending
+    row and who holds it. Claims read these, not the rows waiting behind them (queue_heads.py)."""
+
+    __tablename__ = "chatflow_queue_heads"
+
+    queue: Mapped[str] = mapped_column(String(32), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    next_id: Mapped[int | None] = mapped_column(BigInteger)  # None: nothing pending
+    # When the head may be claimed: its row's next attempt, or while leased the lease's end.
+    due_at: Mapped[datetime | None]
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+
+    # Claimable heads, due first; conversations with nothing pending are not in the index.
+    __table_args__ = (
+        Index(
+            "ix_chatflow_queue_heads_due",
+            "queue",
+            "due_at",
+            sqlite_where=sql("next_id IS NOT NULL"),
+            postgresql_where=sql("next_id IS NOT NULL"),
+        ),
     )
 
 

@@ -111,7 +111,9 @@ class InboxWorker:
         with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
             self.before_turn(row.platform, _reply_target(row, self.reply_targets))
             try:
-                await self.runner.run_async(row.session_id, row.text or "", metadata, commit_with=commit_with)
+                await self.runner.run_async(
+                    row.session_id, row.text or "", metadata, commit_with=commit_with, leased=True
+                )
             except LeaseLostError:
                 log.warning("turn_lease_lost")
             except asyncio.CancelledError:

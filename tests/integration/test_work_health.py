@@ -51,6 +51,17 @@ def test_failing_claims_make_the_process_unready_and_show_in_metrics(gateway: st
     assert metric(gateway, 'gateway_claims_failing{loop="worker"}') == 0
 
     asyncio.run(execute(migrated_url, "ALTER TABLE chatflow_inbox RENAME COLUMN lease_until TO lease_gone"))
+    # A message to claim: the claim then fails when it leases the row (with nothing pending, a claim
+    # reads only the conversations' queue heads).
+    asyncio.run(
+        execute(
+            migrated_url,
+            "INSERT INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, text, "
+            "message_json, status, attempts, next_attempt_at, received_at) VALUES ('telegram:9:1', "
+            "'telegram', 'telegram:9', '1', 'text', 'hi', '{}', 'pending', 0, CURRENT_TIMESTAMP, "
+            "CURRENT_TIMESTAMP)",
+        )
+    )
     try:
         unready = wait_until(
             lambda: (r := httpx.get(f"{gateway}/readyz")).status_code == 503 and r,

@@ -83,13 +83,18 @@ class BaseSessionStore(ABC):
 
     # --- serialization of turns -------------------------------------------------------------
     @asynccontextmanager
-    async def session_lock(self, session_id: str) -> AsyncIterator[None]:
-        """Hold the session exclusively: in this process, then across processes where the backend can."""
+    async def session_lock(self, session_id: str, *, across_processes: bool = True) -> AsyncIterator[None]:
+        """Hold the session exclusively: in this process, then across processes where the backend can
+        (unless the caller holds it across processes already: `across_processes=False`)."""
         lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
         self._locks[session_id] = (lock, users + 1)
         try:
-            async with lock, self._exclusive(session_id):
-                yield
+            async with lock:
+                if across_processes:
+                    async with self._exclusive(session_id):
+                        yield
+                else:
+                    yield
         finally:
             lock, users = self._locks[session_id]
             if users == 1:
