@@ -535,7 +535,7 @@ GARBAGE: list[Any] = [
     {"update_id": 1, "message": "text"},
     {"update_id": 1, "message": {}},
     {"update_id": 1, "message": {"message_id": 1, "text": "no chat"}},
-    {"update_id": 1, "message": {"message_id": 1, "chat": {"id": "1"}, "text": "x"}},
+    {"update_id": 1, "message": {"message_id": 1, "chat": {"id": "one"}, "text": "x"}},
     {"update_id": 1, "message": {"chat": {"id": 1}, "text": "no message id"}},
     {"update_id": 1, "edited_message": []},
     {"update_id": 1, "callback_query": {}},
@@ -677,3 +677,24 @@ def test_group_messages_are_marked_so_replies_quote_them(adapter: TelegramAdapte
     assert group.chat_type == "group"
     assert private.chat_type is None
     assert group.to_dict()["chat_type"] == "group"
+
+
+# --- issue 15: numbers sent as strings -------------------------------------------------------------
+
+
+def test_numbers_sent_as_strings_are_read_as_numbers(adapter: TelegramAdapter) -> None:
+    """A proxy that re-encodes updates may quote every number; the message must survive it."""
+    text = "@chatflow_demo_bot hours?"
+    payload = group_message(text, [{"type": "mention", "offset": "0", "length": "18"}])
+    payload["update_id"] = "77"
+    msg = payload["message"]
+    msg.update(message_id="9", date="1767225600", message_thread_id="4", is_topic_message=True)
+    msg["chat"]["id"] = "-100123"
+    msg["from"]["id"] = "42"
+    message = only_message(adapter.parse(payload))
+    assert (message.dedup_key, message.message_id) == (f"tg:{BOT_ID}:77", "-100123:9")
+    assert (message.session_id, message.user_id, message.text) == ("telegram:-100123:4", "42", "hours?")
+    assert message.timestamp == DATE
+    assert starts_turn(message)
+    located = private_message(location={"latitude": "52.5", "longitude": "13.25"})
+    assert only_message(adapter.parse(located)).location == Location(52.5, 13.25)

@@ -42,6 +42,8 @@ from gateway.domain.inbound import (
     ParsedUpdate,
 )
 from gateway.errors import SettingsError
+from gateway.platforms.wire import integer as _int
+from gateway.platforms.wire import number as _float
 
 log = structlog.get_logger(__name__)
 
@@ -519,16 +521,6 @@ def _list(value: Any) -> list[dict[str, Any]]:
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def _time(value: Any) -> datetime | None:
