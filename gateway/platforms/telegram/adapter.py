@@ -1,8 +1,8 @@
 """Telegram Bot API adapter, inbound side: check the webhook's secret header, normalize one Update.
 
 Telegram signs nothing; the only proof of origin is the `secret_token` given to setWebhook, echoed in a
-header. The adapter does no I/O: the bot's id and username are handed to it (the username comes from
-getMe, fetched elsewhere).
+header. The adapter does no I/O: the bot's id is handed to it, and its username through a
+`BotIdentity` that identity.py's `keep_identity` fills from getMe (or the setting gives).
 
 Choices, so that callers need not read the code:
 - `message_id` is `"<chat id>:<message id>"` because Telegram's ids are unique only within a chat;
@@ -42,6 +42,7 @@ from gateway.domain.inbound import (
     ParsedUpdate,
 )
 from gateway.errors import SettingsError
+from gateway.platforms.telegram.identity import BotIdentity
 from gateway.platforms.wire import integer as _int
 from gateway.platforms.wire import number as _float
 
@@ -128,13 +129,13 @@ class TelegramAdapter:
         self,
         secret_token: str,
         bot_id: str,
-        bot_username: str | None = None,
+        bot_username: str | BotIdentity | None = None,
         *,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._secret = secret_token.encode()
         self._bot_id = bot_id
-        self._username = bot_username.removeprefix("@").casefold() if bot_username else None
+        self.identity = bot_username if isinstance(bot_username, BotIdentity) else BotIdentity(bot_username)
         self._clock = clock
 
     @staticmethod
@@ -334,6 +335,7 @@ class TelegramAdapter:
         if words is None or not isinstance(entities, list) or not entities:
             return False, words
         index = _utf16_index(words)
+        username = self.identity.username
         addressed = False
         cuts: list[tuple[int, int]] = []
         for entity in entities:
@@ -346,9 +348,12 @@ class TelegramAdapter:
                 continue
             fragment = words[start:end]
             kind = ent.get("type")
-            if kind == "mention" and self._username and fragment.casefold() == f"@{self._username}":
-                addressed = True
-                cuts.append((start, end))
+            if kind == "mention":
+                if username and fragment.casefold() == f"@{username}":
+                    addressed = True
+                    cuts.append((start, end))
+                else:
+                    self.identity.unrecognized(fragment.removeprefix("@"))
             elif kind == "text_mention":
                 user = _obj(ent.get("user"))
                 if user is not None and _int(user.get("id")) is not None and str(user["id"]) == self._bot_id:
@@ -358,9 +363,11 @@ class TelegramAdapter:
                 command, at, target = fragment.partition("@")
                 if not at:
                     addressed = True  # a bare /command in a group is for every bot there
-                elif self._username and target.casefold() == self._username:
+                elif username and target.casefold() == username:
                     addressed = True
                     cuts.append((start + len(command), end))
+                else:
+                    self.identity.unrecognized(target)
         return addressed, _remove(words, cuts) if cuts else words
 
     def _replies_to_bot(self, msg: dict[str, Any]) -> bool:
