@@ -58,7 +58,8 @@ class ConversationKey:
     """Which conversation a message belongs to; hashable, and the session id is derived from it.
 
     WhatsApp: scope = phone_number_id (the business number), chat = the user id.
-    Telegram: scope = None, chat = the chat id, thread = the forum topic id when there is one.
+    Telegram: scope = None (a business chat: its business_connection_id), chat = the chat id, thread =
+    the forum topic id when there is one.
     """
 
     platform: str

@@ -157,11 +157,11 @@ def test_group_round_trips_after_get_me_at_start_up(
             response = post(served, update)
             assert (response.status_code, response.json()["new"]) == (200, 1)
 
-        sent = wait_until(
-            lambda: (calls := fake.calls("sendMessage")) and len(calls) >= 4 and calls,
-            "four replies at the fake Bot API",
-            DEADLINE,
-        )
+        def four_replies() -> list[Any] | None:
+            calls = fake.calls("sendMessage")
+            return calls if len(calls) >= 4 else None
+
+        sent = wait_until(four_replies, "four replies at the fake Bot API", DEADLINE)
         db = tmp_path / "gateway.db"
         assert inbox_status(db, f"tg:{BOT_ID}:900005") == "recorded"
         assert inbox_status(db, f"tg:{BOT_ID}:900006") == "recorded"

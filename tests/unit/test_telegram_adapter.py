@@ -22,9 +22,11 @@ from gateway.domain.inbound import (
     agent_text,
     starts_turn,
 )
+from gateway.domain.outbound import TelegramTarget
 from gateway.errors import SettingsError
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.telegram.adapter import SECRET_HEADER, TelegramAdapter
+from gateway.platforms.telegram.spec import TELEGRAM
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads" / "telegram"
 SECRET = "s3cr3t-Token_for-tests"
@@ -698,3 +700,52 @@ def test_numbers_sent_as_strings_are_read_as_numbers(adapter: TelegramAdapter) -
     assert starts_turn(message)
     located = private_message(location={"latitude": "52.5", "longitude": "13.25"})
     assert only_message(adapter.parse(located)).location == Location(52.5, 13.25)
+
+
+# --- issue 15: business chats and fields added to an update -------------------------------------------
+
+
+def business_update(sender: int, connection: str | None = "BCONN-1", **extra: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "message_id": 123,
+        "from": {"id": sender, "is_bot": False, "first_name": "Mario"},
+        "chat": {"id": 456, "first_name": "Mario", "type": "private"},
+        "date": 1767225600,
+        "text": "Is the shop open on Sunday?",
+        **extra,
+    }
+    if connection is not None:
+        message["business_connection_id"] = connection
+    return {"update_id": 31, "business_message": message}
+
+
+def test_a_customers_business_message_is_a_turn_in_the_business_chat(adapter: TelegramAdapter) -> None:
+    message = only_message(adapter.parse(business_update(sender=456)))
+    assert (message.kind, message.text, message.user_id) == (
+        MessageKind.TEXT,
+        "Is the shop open on Sunday?",
+        "456",
+    )
+    assert message.session_id == "telegram:BCONN-1:456"  # not the bot's own chat with the user
+    assert starts_turn(message)
+    target = TELEGRAM.reply_target(message)
+    assert isinstance(target, TelegramTarget)
+    assert (target.chat_id, target.business_connection_id) == ("456", "BCONN-1")
+
+
+def test_the_business_owners_own_messages_and_unknown_connections_are_only_recorded(
+    adapter: TelegramAdapter,
+) -> None:
+    owner = only_message(adapter.parse(business_update(sender=999)))  # the business account wrote
+    assert not starts_turn(owner)
+    unknown = only_message(adapter.parse(business_update(sender=456, connection=None)))
+    assert not starts_turn(unknown)  # no connection: a reply could not be sent as the business
+    edited = adapter.parse(
+        {"update_id": 32, "edited_business_message": business_update(456)["business_message"]}
+    )
+    assert only_message(edited).kind is MessageKind.EDITED_MESSAGE
+
+
+def test_a_field_added_before_the_update_does_not_hide_it(adapter: TelegramAdapter) -> None:
+    payload = {"x_forwarded_by": {"proxy": 1}, **private_message(text="hi")}
+    assert only_message(adapter.parse(payload)).text == "hi"

@@ -57,7 +57,47 @@ _MESSAGE_UPDATES: dict[str, tuple[MessageKind | None, bool]] = {
     "edited_message": (MessageKind.EDITED_MESSAGE, True),
     "channel_post": (MessageKind.CHANNEL_POST, False),
     "edited_channel_post": (MessageKind.CHANNEL_POST, True),
+    "business_message": (None, False),
+    "edited_business_message": (MessageKind.EDITED_MESSAGE, True),
 }
+_BUSINESS_UPDATES = frozenset({"business_message", "edited_business_message"})
+# Every Update field of the Bot API (10.x) and what the adapter makes of it: docs/platforms.md is
+# checked against this table (tests/test_platform_docs.py). Fields not listed are ignored too.
+UPDATE_TYPES: dict[str, str] = {
+    "message": "message",
+    "edited_message": "message",
+    "channel_post": "message",
+    "edited_channel_post": "message",
+    "business_message": "message",
+    "edited_business_message": "message",
+    "callback_query": "message",
+    "message_reaction": "message",
+    "my_chat_member": "membership",
+    **dict.fromkeys(
+        (
+            "business_connection",
+            "deleted_business_messages",
+            "message_reaction_count",
+            "inline_query",
+            "chosen_inline_result",
+            "shipping_query",
+            "pre_checkout_query",
+            "purchased_paid_media",
+            "poll",
+            "poll_answer",
+            "chat_member",
+            "chat_join_request",
+            "chat_boost",
+            "removed_chat_boost",
+            "guest_message",
+            "managed_bot",
+            "subscription",
+            "stopped_message_generation",
+        ),
+        "ignored",
+    ),
+}
+_HANDLED = frozenset(name for name, handling in UPDATE_TYPES.items() if handling != "ignored")
 # Service messages: Telegram announces changes to the chat as messages carrying one of these fields.
 _SERVICE_FIELDS = (
     "new_chat_title",
@@ -94,7 +134,39 @@ _SERVICE_FIELDS = (
     "web_app_data",
 )
 # Content the gateway does not model; named in the UNSUPPORTED message's text so it shows in the record.
-_UNSUPPORTED_CONTENT = ("poll", "dice", "game", "invoice", "story", "paid_media", "giveaway", "checklist")
+_UNSUPPORTED_CONTENT = (
+    "poll",
+    "dice",
+    "game",
+    "invoice",
+    "story",
+    "paid_media",
+    "giveaway",
+    "giveaway_winners",
+    "checklist",
+    "passport_data",
+)
+# Media fields, in the order they are looked for (an animation also carries `document`: it wins).
+MEDIA_FIELDS: tuple[tuple[str, MessageKind], ...] = (
+    ("animation", MessageKind.VIDEO),
+    ("video", MessageKind.VIDEO),
+    ("video_note", MessageKind.VIDEO),
+    ("voice", MessageKind.AUDIO),
+    ("audio", MessageKind.AUDIO),
+    ("document", MessageKind.DOCUMENT),
+)
+# A message's content fields and the kind each gives, for docs/platforms.md (checked by a test).
+CONTENT_FIELDS: dict[str, MessageKind] = {
+    "text": MessageKind.TEXT,
+    "photo": MessageKind.IMAGE,
+    **dict(MEDIA_FIELDS),
+    "sticker": MessageKind.STICKER,
+    "venue": MessageKind.LOCATION,
+    "location": MessageKind.LOCATION,
+    "contact": MessageKind.CONTACTS,
+    "new_chat_members": MessageKind.MEMBERSHIP_CHANGE,
+    "left_chat_member": MessageKind.MEMBERSHIP_CHANGE,
+}
 # After a leading "@bot" these separate the mention from the request ("@bot, do x").
 _LEADING_SEPARATORS = ",:;"
 _CLOSING_PUNCTUATION = ".,!?;:)"
@@ -180,23 +252,22 @@ class TelegramAdapter:
         if update_id is None:
             raise _Skip("missing_update_id")
         dedup_key = f"tg:{self._bot_id}:{update_id}"
-        update_type = next((key for key in payload if key != "update_id"), None)
+        # One field besides update_id, by the Bot API; a known one wins over fields added on the way.
+        update_type = next((key for key in payload if key in _HANDLED), None) or next(
+            (key for key in payload if key != "update_id"), None
+        )
         if update_type is None:
             raise _Skip("no_content")
         body = payload[update_type]
-        handled = update_type in _MESSAGE_UPDATES or update_type in {
-            "callback_query",
-            "my_chat_member",
-            "message_reaction",
-        }
-        if not handled:
+        if update_type not in _HANDLED:
             log.debug("telegram_update_ignored", update_id=update_id, update_type=update_type)
             return ParsedUpdate()
         if not isinstance(body, dict):
             raise _Skip(f"malformed_{update_type}")
         if update_type in _MESSAGE_UPDATES:
             kind, edited = _MESSAGE_UPDATES[update_type]
-            return ParsedUpdate(messages=[self._message(body, kind, edited, dedup_key, payload)])
+            business = update_type in _BUSINESS_UPDATES
+            return ParsedUpdate(messages=[self._message(body, kind, edited, dedup_key, payload, business)])
         if update_type == "callback_query":
             return ParsedUpdate(messages=[self._callback_query(body, dedup_key, payload)])
         if update_type == "message_reaction":
@@ -210,6 +281,7 @@ class TelegramAdapter:
         edited: bool,
         dedup_key: str,
         raw: dict[str, Any],
+        business: bool = False,
     ) -> InboundMessage:
         chat = _obj(msg.get("chat"))
         chat_id = _int(chat.get("id")) if chat else None
@@ -224,9 +296,15 @@ class TelegramAdapter:
             addressed = mentioned or self._replies_to_bot(msg)
         else:
             addressed = chat_type == "private"
+        user_id, user_name = _sender(msg)
+        # A business chat (a Telegram Business account lets the bot answer for it): its messages go both
+        # ways; only the customer's (the chat's own user) are for the bot, and only a known connection
+        # lets a reply be sent there.
+        connection = _str(msg.get("business_connection_id")) if business else None
+        if business:
+            addressed = chat_type == "private" and connection is not None and user_id == str(chat_id)
         if kind is MessageKind.CHANNEL_POST:
             addressed = False
-        user_id, user_name = _sender(msg)
         reply_to = _obj(msg.get("reply_to_message"))
         reply_to_id = _int(reply_to.get("message_id")) if reply_to else None
         date = msg.get("edit_date") if edited else None
@@ -234,7 +312,8 @@ class TelegramAdapter:
             platform=self.name,
             message_id=f"{chat_id}:{message_id}",
             dedup_key=dedup_key,
-            conversation=ConversationKey(self.name, str(chat_id), thread_id=_topic(msg)),
+            # A business chat is the business's conversation with the user, not the bot's own chat.
+            conversation=ConversationKey(self.name, str(chat_id), scope=connection, thread_id=_topic(msg)),
             kind=kind or content.kind,
             timestamp=_time(date) or _time(msg.get("date")) or self._clock(),
             user_id=user_id,
@@ -393,14 +472,7 @@ def _content(msg: dict[str, Any], words: str | None) -> _Content:
     if sizes:
         largest = max(sizes, key=lambda p: (_int(p.get("width")) or 0) * (_int(p.get("height")) or 0))
         return _Content(MessageKind.IMAGE, words, MediaRef(largest["file_id"], caption=words))
-    for field, kind in (
-        ("animation", MessageKind.VIDEO),
-        ("video", MessageKind.VIDEO),
-        ("video_note", MessageKind.VIDEO),
-        ("voice", MessageKind.AUDIO),
-        ("audio", MessageKind.AUDIO),
-        ("document", MessageKind.DOCUMENT),
-    ):
+    for field, kind in MEDIA_FIELDS:
         media = _media(msg.get(field), words)
         if media is not None:
             return _Content(kind, words, media)

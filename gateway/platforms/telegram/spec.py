@@ -141,13 +141,15 @@ def pacing(settings: TelegramSettings) -> PacingRule:
 
 def reply_target(message: InboundMessage) -> TelegramTarget:
     """The chat and forum topic of the message; in a group the reply quotes it (`chat_type`); a pressed
-    button's query, to answer."""
+    button's query, to answer; a business chat's connection (the conversation's scope), to answer as
+    the business."""
     return message_target(
         TelegramTarget,
         message,
         thread_id=message.thread_id,
         chat_type=message.chat_type,
         callback_query_id=message.callback_query_id,
+        business_connection_id=message.conversation.scope,
     )
 
 
