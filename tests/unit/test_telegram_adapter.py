@@ -749,3 +749,19 @@ def test_the_business_owners_own_messages_and_unknown_connections_are_only_recor
 def test_a_field_added_before_the_update_does_not_hide_it(adapter: TelegramAdapter) -> None:
     payload = {"x_forwarded_by": {"proxy": 1}, **private_message(text="hi")}
     assert only_message(adapter.parse(payload)).text == "hi"
+
+
+@pytest.mark.parametrize(
+    ("field", "kind", "text"),
+    [
+        ("chat_owner_changed", MessageKind.SYSTEM, "chat_owner_changed"),
+        ("checklist_tasks_done", MessageKind.SYSTEM, "checklist_tasks_done"),
+        ("poll_option_added", MessageKind.SYSTEM, "poll_option_added"),
+        ("rich_message", MessageKind.UNSUPPORTED, "rich_message"),
+    ],
+)
+def test_newer_service_and_content_fields_are_named(
+    adapter: TelegramAdapter, field: str, kind: MessageKind, text: str
+) -> None:
+    message = only_message(adapter.parse(private_message(**{field: {"anything": 1}})))
+    assert (message.kind, message.text) == (kind, text)

@@ -785,3 +785,11 @@ def test_location_coordinates_may_be_strings(adapter: WhatsAppAdapter) -> None:
     location = only_message(adapter.parse(envelope(value(msg)))).location
     assert location is not None
     assert (location.latitude, location.longitude) == (52.5, -13.25)
+
+
+def test_a_place_without_readable_coordinates_keeps_its_name_and_address(adapter: WhatsAppAdapter) -> None:
+    place = {"latitude": "LATITUDE", "longitude": None, "name": "Cafe Roma", "address": "Via Po 1"}
+    msg = text_message() | {"type": "location", "location": place}
+    message = only_message(adapter.parse(envelope(value(msg))))
+    assert (message.kind, message.location) == (MessageKind.LOCATION, None)
+    assert agent_text(message) == "[location] Cafe Roma, Via Po 1"

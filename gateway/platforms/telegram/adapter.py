@@ -132,6 +132,16 @@ _SERVICE_FIELDS = (
     "video_chat_ended",
     "video_chat_participants_invited",
     "web_app_data",
+    "chat_owner_changed",
+    "chat_owner_left",
+    "checklist_tasks_added",
+    "checklist_tasks_done",
+    "community_chat_added",
+    "community_chat_removed",
+    "direct_message_price_changed",
+    "managed_bot_created",
+    "poll_option_added",
+    "poll_option_deleted",
 )
 # Content the gateway does not model; named in the UNSUPPORTED message's text so it shows in the record.
 _UNSUPPORTED_CONTENT = (
@@ -145,6 +155,7 @@ _UNSUPPORTED_CONTENT = (
     "giveaway_winners",
     "checklist",
     "passport_data",
+    "rich_message",
 )
 # Media fields, in the order they are looked for (an animation also carries `document`: it wins).
 MEDIA_FIELDS: tuple[tuple[str, MessageKind], ...] = (

@@ -289,16 +289,15 @@ def _text_message(body: dict[str, Any]) -> _Content:
 
 
 def _location(body: dict[str, Any]) -> _Content:
+    """The place with every field a model would use; without readable coordinates, still its name,
+    address and web page, as text."""
     latitude, longitude = _float(body.get("latitude")), _float(body.get("longitude"))
+    name, address, url = _text(body.get("name")), _text(body.get("address")), _text(body.get("url"))
     if latitude is None or longitude is None:
-        return _Content(MessageKind.LOCATION)
-    location = Location(
-        latitude,
-        longitude,
-        name=_text(body.get("name")),
-        address=_text(body.get("address")),
-        url=_text(body.get("url")),
-    )
+        place = ", ".join(part for part in (name, address) if part)
+        text = " ".join(part for part in (place, url) if part)
+        return _Content(MessageKind.LOCATION, text=text or None)
+    location = Location(latitude, longitude, name=name, address=address, url=url)
     return _Content(MessageKind.LOCATION, location=location)
 
 
