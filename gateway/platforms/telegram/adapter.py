@@ -99,7 +99,7 @@ UPDATE_TYPES: dict[str, str] = {
 }
 _HANDLED = frozenset(name for name, handling in UPDATE_TYPES.items() if handling != "ignored")
 # Service messages: Telegram announces changes to the chat as messages carrying one of these fields.
-_SERVICE_FIELDS = (
+SERVICE_FIELDS = (
     "new_chat_title",
     "new_chat_photo",
     "delete_chat_photo",
@@ -144,7 +144,7 @@ _SERVICE_FIELDS = (
     "poll_option_deleted",
 )
 # Content the gateway does not model; named in the UNSUPPORTED message's text so it shows in the record.
-_UNSUPPORTED_CONTENT = (
+UNSUPPORTED_CONTENT = (
     "poll",
     "dice",
     "game",
@@ -520,10 +520,10 @@ def _content(msg: dict[str, Any], words: str | None) -> _Content:
     left = _obj(msg.get("left_chat_member"))
     if left is not None:
         return _Content(MessageKind.MEMBERSHIP_CHANGE, f"left: {_name(left) or _int(left.get('id'))}")
-    for field in _SERVICE_FIELDS:
+    for field in SERVICE_FIELDS:
         if field in msg:
             return _Content(MessageKind.SYSTEM, field)
-    unsupported = next((field for field in _UNSUPPORTED_CONTENT if field in msg), None)
+    unsupported = next((field for field in UNSUPPORTED_CONTENT if field in msg), None)
     return _Content(MessageKind.UNSUPPORTED, unsupported)
 
 

@@ -383,6 +383,9 @@ _CONTENT_PARSERS: dict[str, Callable[[dict[str, Any]], _Content]] = {
     "reaction": _reaction,
     "system": _system,
 }
+# The message types the adapter reads, for docs/platforms.md (checked by tests/test_platform_docs.py);
+# every other type (unsupported, edit, revoke, request_welcome, ...) is UNSUPPORTED.
+MESSAGE_TYPES: tuple[str, ...] = (*_MEDIA_KINDS, "contacts", *_CONTENT_PARSERS)
 
 
 # Defensive accessors: JSON from outside may hold any type anywhere.
