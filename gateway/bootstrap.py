@@ -59,13 +59,12 @@ class Services:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self, *, webhooks: bool = True) -> None:
-        """The background tasks; with `webhooks`, also each served platform's own (its spec's
+        """The background tasks; with `webhooks`, also each enabled platform's own (its spec's
         `background`: Telegram's getMe)."""
         if webhooks:
             for name, platform in self.platforms.items():
-                adapter = platform.adapter or platform.local_adapter
-                if platform.spec.background is not None and adapter is not None:
-                    work = platform.spec.background(platform.settings, adapter, self.http)
+                if platform.spec.background is not None and platform.adapter is not None:
+                    work = platform.spec.background(platform.settings, platform.adapter, self.http)
                     self.tasks.append(asyncio.create_task(work, name=f"{name}-background"))
         self.tasks.append(
             asyncio.create_task(purge_dedup_keys_periodically(self.database), name="dedup-purge")

@@ -12,13 +12,14 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
+from gateway.bootstrap import build_services
 from gateway.domain.inbound import starts_turn
 from gateway.platforms.telegram.adapter import TelegramAdapter
 from gateway.platforms.telegram.api import TelegramAPI
 from gateway.platforms.telegram.identity import BotIdentity, keep_identity
 from gateway.platforms.telegram.spec import TelegramSettings, learn_identity
 from tests.fakes import FakeTelegram
-from tests.helpers import free_port, serve_in_thread
+from tests.helpers import free_port, gateway_settings, serve_in_thread
 
 TOKEN = "7012345678:identity-test-token"
 SECRET = "identity-secret"
@@ -182,3 +183,30 @@ async def test_without_a_token_or_a_username_the_log_says_what_is_lost() -> None
 def test_the_setting_must_be_a_bots_username(name: str) -> None:
     with pytest.raises(ValidationError, match="bot's username"):
         TelegramSettings(bot_username=name)
+
+
+async def test_gateway_serve_learns_the_username_and_gateway_worker_does_not_ask(migrated_url: str) -> None:
+    fake = FakeTelegram(TOKEN, username="Shop_Helper_bot")
+    with serve_in_thread(fake.app) as base:
+        settings = gateway_settings(
+            database_url=migrated_url,
+            telegram_secret_token=SECRET,
+            telegram_bot_token=TOKEN,
+            telegram_api_base=base,
+        )
+        worker = build_services(settings)
+        try:
+            await worker.start(webhooks=False)  # `gateway worker`: no webhooks, so no username needed
+            assert "telegram-background" not in {task.get_name() for task in worker.tasks}
+        finally:
+            await worker.aclose()
+        serving = build_services(settings)
+        try:
+            await serving.start()
+            adapter = serving.platforms["telegram"].adapter
+            assert isinstance(adapter, TelegramAdapter)
+            await asyncio.wait_for(adapter.identity.learned.wait(), TIMEOUT)
+            assert adapter.identity.username == "shop_helper_bot"
+        finally:
+            await serving.aclose()
+    assert len(fake.calls("getMe")) == 1
