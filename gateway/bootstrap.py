@@ -58,7 +58,14 @@ class Services:
     http: httpx.AsyncClient
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    async def start(self) -> None:
+    async def start(self, *, webhooks: bool = True) -> None:
+        """The background tasks; with `webhooks`, also each enabled platform's own (its spec's
+        `background`: Telegram's getMe)."""
+        if webhooks:
+            for name, platform in self.platforms.items():
+                if platform.spec.background is not None and platform.adapter is not None:
+                    work = platform.spec.background(platform.settings, platform.adapter, self.http)
+                    self.tasks.append(asyncio.create_task(work, name=f"{name}-background"))
         self.tasks.append(
             asyncio.create_task(purge_dedup_keys_periodically(self.database), name="dedup-purge")
         )

@@ -168,13 +168,17 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 class FakeTelegram:
-    """A fake Bot API: `POST /bot<token>/<method>` answers per method, `{"ok": true}` by default."""
+    """A fake Bot API: `POST /bot<token>/<method>` answers per method, `{"ok": true}` by default;
+    getMe answers the bot `username` (the token's id, `is_bot`, privacy mode on)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, username: str = "fake_gateway_bot") -> None:
         self.token = token
         self.requests: list[RecordedRequest] = []
-        self.results: dict[str, Any] = {}
+        bot = {"id": int(token.partition(":")[0]), "is_bot": True, "first_name": "Fake", "username": username}
+        self.results: dict[str, Any] = {"getMe": {**bot, "can_read_all_group_messages": False}}
         self.errors: dict[str, tuple[int, dict[str, Any]]] = {}
+        # Method -> (status, whole body) answered once each, in order, before `errors` and `results`.
+        self.answers_once: dict[str, deque[tuple[int, dict[str, Any]]]] = {}
         # Old chat id -> new: a call naming the old id (a group upgraded to a supergroup) gets 400
         # with `parameters.migrate_to_chat_id`, before any scripted error of the method.
         self.migrated: dict[str, int] = {}
@@ -198,6 +202,10 @@ class FakeTelegram:
                 "parameters": {"migrate_to_chat_id": self.migrated[str(body.get("chat_id"))]},
             }
             return JSONResponse({"ok": False, **error}, status_code=400)
+        once = self.answers_once.get(method)
+        if once:
+            status, answer = once.popleft()
+            return JSONResponse(answer, status_code=status)
         if method in self.errors:
             status, error = self.errors[method]
             return JSONResponse({"ok": False, **error}, status_code=status)

@@ -103,6 +103,8 @@ def gateway_settings(database_url: str, bot_api: str, **extra: str) -> dict[str,
         "GATEWAY_TELEGRAM_SECRET_TOKEN": SECRET,
         "GATEWAY_TELEGRAM_BOT_TOKEN": BOT_TOKEN,
         "GATEWAY_TELEGRAM_API_BASE": bot_api,
+        # Named, so the gateway does not ask getMe: the fake's calls are the replies alone.
+        "GATEWAY_TELEGRAM_BOT_USERNAME": "fault_kit_bot",
         # 0 = unlimited: the fake platform has no limits, and pacing would only slow the run down.
         "GATEWAY_TELEGRAM_CHAT_PER_SECOND": "0",
         "GATEWAY_TELEGRAM_GROUP_PER_MINUTE": "0",

@@ -45,7 +45,7 @@ async def _worker(settings: Settings, platforms: Sequence[PlatformSpec[Any]]) ->
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        await services.start()
+        await services.start(webhooks=False)
         await stop.wait()
     finally:
         await services.aclose()

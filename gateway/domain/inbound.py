@@ -58,7 +58,8 @@ class ConversationKey:
     """Which conversation a message belongs to; hashable, and the session id is derived from it.
 
     WhatsApp: scope = phone_number_id (the business number), chat = the user id.
-    Telegram: scope = None, chat = the chat id, thread = the forum topic id when there is one.
+    Telegram: scope = None (a business chat: its business_connection_id), chat = the chat id, thread =
+    the forum topic id when there is one.
     """
 
     platform: str
@@ -88,6 +89,7 @@ class Location:
     longitude: float
     name: str | None = None
     address: str | None = None
+    url: str | None = None  # a named place's web page (WhatsApp)
 
 
 @dataclass(frozen=True)
@@ -248,9 +250,11 @@ def agent_text(message: InboundMessage) -> str:
         name = f" {message.media.file_name}" if message.media.file_name else ""
         return f"[{kind.value}{name}] {caption}" if caption else f"[{kind.value}{name}]"
     if message.location is not None:
-        place = ", ".join(p for p in (message.location.name, message.location.address) if p)
-        where = f"{message.location.latitude}, {message.location.longitude}"
-        return f"[location] {place} ({where})" if place else f"[location] {where}"
+        where = message.location
+        place = ", ".join(p for p in (where.name, where.address) if p)
+        point = f"{where.latitude}, {where.longitude}"
+        text = f"[location] {place} ({point})" if place else f"[location] {point}"
+        return f"{text} {where.url}" if where.url else text
     label = kind.value.replace("_", " ")
     return f"[{label}] {message.text}" if message.text else f"[{label}]"
 

@@ -48,6 +48,7 @@ class TelegramTarget(ReplyTarget):
     thread_id: str | None = None  # the forum topic
     chat_type: str | None = None  # "group": quote the message answered
     callback_query_id: str | None = None  # for an ANSWER_CALLBACK
+    business_connection_id: str | None = None  # a business chat: the bot answers for the business
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:

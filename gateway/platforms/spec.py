@@ -12,7 +12,7 @@ Nothing here is Starlette: a handshake answers with a `HandshakeReply` that web/
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -170,6 +170,9 @@ class PlatformSpec(Generic[S]):
     simulate: Callable[[str, str, str, S], SimulatedWebhook]  # (text, user, secret, settings)
     simulate_user: str  # the sender `gateway simulate` uses when given none
     handshake: Handshake[S] | None = None
+    # Work beside its webhooks while the gateway serves them, given the adapter in use (Telegram
+    # learns its bot's username); runs until cancelled at shutdown, never raises.
+    background: Callable[[S, PlatformAdapter, httpx.AsyncClient], Coroutine[Any, Any, None]] | None = None
 
     def variable(self, field: str) -> str:
         """The environment variable of one of its settings."""

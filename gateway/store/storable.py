@@ -98,6 +98,7 @@ def message(m: InboundMessage) -> InboundMessage:
             longitude=_finite(m.location.longitude),
             name=_text(m.location.name),
             address=_text(m.location.address),
+            url=_text(m.location.url),
         )
     if all(getattr(m, name) == value for name, value in fields.items()):
         return m  # the common case: nothing to change, nothing copied

@@ -232,3 +232,23 @@ async def test_typing_to_an_unreachable_platform_does_not_raise() -> None:
     assert TOKEN not in repr(logs)
     assert WA_TOKEN not in repr(logs)
     assert "127.0.0.1" not in repr(logs)  # no URL either: Telegram's holds the token
+
+
+# --- Telegram: a business chat ---------------------------------------------------------------------
+
+
+async def test_a_reply_in_a_business_chat_is_sent_as_the_business() -> None:
+    fake = FakeTelegram(TOKEN)
+    fake.results["sendMessage"] = {"message_id": 9}
+    target = TelegramTarget(chat_id="456", reply_to="456:123", business_connection_id="BCONN-1")
+    with serve_in_thread(fake.app) as base:
+        async with httpx.AsyncClient() as http:
+            sender = TelegramSender(TelegramAPI(TOKEN, base, http))
+            assert await sender.send(text("We open at 10.", target)) == "9"
+            await sender.indicate_typing(target)
+    assert fake.calls("sendMessage") == [
+        {"chat_id": "456", "text": "We open at 10.", "business_connection_id": "BCONN-1"}
+    ]
+    assert fake.calls("sendChatAction") == [
+        {"chat_id": "456", "action": "typing", "business_connection_id": "BCONN-1"}
+    ]

@@ -67,6 +67,7 @@ def gateway(url: str) -> Iterator[str]:
         whatsapp_verify_token=VERIFY_TOKEN,
         telegram_secret_token=TG_SECRET,
         telegram_bot_token=BOT_TOKEN,
+        telegram_bot_username="chatflow_demo_bot",  # getMe would go to the real Bot API
         max_body_bytes=64 * 1024,
     )
     with serve_in_thread(create_app(settings)) as base:

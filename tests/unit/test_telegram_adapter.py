@@ -22,9 +22,11 @@ from gateway.domain.inbound import (
     agent_text,
     starts_turn,
 )
+from gateway.domain.outbound import TelegramTarget
 from gateway.errors import SettingsError
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.telegram.adapter import SECRET_HEADER, TelegramAdapter
+from gateway.platforms.telegram.spec import TELEGRAM
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads" / "telegram"
 SECRET = "s3cr3t-Token_for-tests"
@@ -535,7 +537,7 @@ GARBAGE: list[Any] = [
     {"update_id": 1, "message": "text"},
     {"update_id": 1, "message": {}},
     {"update_id": 1, "message": {"message_id": 1, "text": "no chat"}},
-    {"update_id": 1, "message": {"message_id": 1, "chat": {"id": "1"}, "text": "x"}},
+    {"update_id": 1, "message": {"message_id": 1, "chat": {"id": "one"}, "text": "x"}},
     {"update_id": 1, "message": {"chat": {"id": 1}, "text": "no message id"}},
     {"update_id": 1, "edited_message": []},
     {"update_id": 1, "callback_query": {}},
@@ -677,3 +679,89 @@ def test_group_messages_are_marked_so_replies_quote_them(adapter: TelegramAdapte
     assert group.chat_type == "group"
     assert private.chat_type is None
     assert group.to_dict()["chat_type"] == "group"
+
+
+# --- issue 15: numbers sent as strings -------------------------------------------------------------
+
+
+def test_numbers_sent_as_strings_are_read_as_numbers(adapter: TelegramAdapter) -> None:
+    """A proxy that re-encodes updates may quote every number; the message must survive it."""
+    text = "@chatflow_demo_bot hours?"
+    payload = group_message(text, [{"type": "mention", "offset": "0", "length": "18"}])
+    payload["update_id"] = "77"
+    msg = payload["message"]
+    msg.update(message_id="9", date="1767225600", message_thread_id="4", is_topic_message=True)
+    msg["chat"]["id"] = "-100123"
+    msg["from"]["id"] = "42"
+    message = only_message(adapter.parse(payload))
+    assert (message.dedup_key, message.message_id) == (f"tg:{BOT_ID}:77", "-100123:9")
+    assert (message.session_id, message.user_id, message.text) == ("telegram:-100123:4", "42", "hours?")
+    assert message.timestamp == DATE
+    assert starts_turn(message)
+    located = private_message(location={"latitude": "52.5", "longitude": "13.25"})
+    assert only_message(adapter.parse(located)).location == Location(52.5, 13.25)
+
+
+# --- issue 15: business chats and fields added to an update -------------------------------------------
+
+
+def business_update(sender: int, connection: str | None = "BCONN-1", **extra: Any) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "message_id": 123,
+        "from": {"id": sender, "is_bot": False, "first_name": "Mario"},
+        "chat": {"id": 456, "first_name": "Mario", "type": "private"},
+        "date": 1767225600,
+        "text": "Is the shop open on Sunday?",
+        **extra,
+    }
+    if connection is not None:
+        message["business_connection_id"] = connection
+    return {"update_id": 31, "business_message": message}
+
+
+def test_a_customers_business_message_is_a_turn_in_the_business_chat(adapter: TelegramAdapter) -> None:
+    message = only_message(adapter.parse(business_update(sender=456)))
+    assert (message.kind, message.text, message.user_id) == (
+        MessageKind.TEXT,
+        "Is the shop open on Sunday?",
+        "456",
+    )
+    assert message.session_id == "telegram:BCONN-1:456"  # not the bot's own chat with the user
+    assert starts_turn(message)
+    target = TELEGRAM.reply_target(message)
+    assert isinstance(target, TelegramTarget)
+    assert (target.chat_id, target.business_connection_id) == ("456", "BCONN-1")
+
+
+def test_the_business_owners_own_messages_and_unknown_connections_are_only_recorded(
+    adapter: TelegramAdapter,
+) -> None:
+    owner = only_message(adapter.parse(business_update(sender=999)))  # the business account wrote
+    assert not starts_turn(owner)
+    unknown = only_message(adapter.parse(business_update(sender=456, connection=None)))
+    assert not starts_turn(unknown)  # no connection: a reply could not be sent as the business
+    edited = adapter.parse(
+        {"update_id": 32, "edited_business_message": business_update(456)["business_message"]}
+    )
+    assert only_message(edited).kind is MessageKind.EDITED_MESSAGE
+
+
+def test_a_field_added_before_the_update_does_not_hide_it(adapter: TelegramAdapter) -> None:
+    payload = {"x_forwarded_by": {"proxy": 1}, **private_message(text="hi")}
+    assert only_message(adapter.parse(payload)).text == "hi"
+
+
+@pytest.mark.parametrize(
+    ("field", "kind", "text"),
+    [
+        ("chat_owner_changed", MessageKind.SYSTEM, "chat_owner_changed"),
+        ("checklist_tasks_done", MessageKind.SYSTEM, "checklist_tasks_done"),
+        ("poll_option_added", MessageKind.SYSTEM, "poll_option_added"),
+        ("rich_message", MessageKind.UNSUPPORTED, "rich_message"),
+    ],
+)
+def test_newer_service_and_content_fields_are_named(
+    adapter: TelegramAdapter, field: str, kind: MessageKind, text: str
+) -> None:
+    message = only_message(adapter.parse(private_message(**{field: {"anything": 1}})))
+    assert (message.kind, message.text) == (kind, text)

@@ -19,6 +19,7 @@ from gateway.domain.inbound import (
     MessageKind,
     ParsedUpdate,
     StatusUpdate,
+    agent_text,
 )
 from gateway.platforms.base import PlatformAdapter
 from gateway.platforms.whatsapp import adapter as whatsapp
@@ -384,6 +385,7 @@ def test_named_location(adapter: WhatsAppAdapter) -> None:
         longitude=-122.148981,
         name="Meta Headquarters",
         address="1 Hacker Way, Menlo Park, CA 94025",
+        url="https://meta.com",
     )
 
 
@@ -723,3 +725,71 @@ def test_never_raises_on_mutated_fixtures(data: st.DataObject) -> None:
     payload = load(data.draw(st.sampled_from(FIXTURE_NAMES)))
     replace_one_part(data, payload, json_values)
     _parse_checked(payload)
+
+
+# --- issue 15: what real payloads carry ----------------------------------------------------------
+
+
+def test_location_gives_the_agent_every_field_of_the_place(adapter: WhatsAppAdapter) -> None:
+    message = only_message(adapter.parse(load("location")))
+    assert message.location is not None
+    assert message.location.url == "https://meta.com"
+    assert agent_text(message) == (
+        "[location] Meta Headquarters, 1 Hacker Way, Menlo Park, CA 94025 (37.483307, -122.148981) "
+        "https://meta.com"
+    )
+
+
+def test_sender_known_only_by_the_single_contact(adapter: WhatsAppAdapter) -> None:
+    """The 2026 BSUID rollout: no `from` and no `from_user_id`; the change's one contact is the sender."""
+    msg = {k: v for k, v in text_message().items() if k != "from"}
+    contacts = [{"profile": {"name": "Sheena"}, "user_id": BSUID}]
+    with capture_logs() as logs:
+        message = only_message(adapter.parse(envelope(value(msg, contacts=contacts))))
+    assert (message.user_id, message.phone, message.user_name) == (BSUID, None, "Sheena")
+    assert message.session_id == BY_BSUID
+    assert [e["event"] for e in logs] == ["whatsapp_sender_from_single_contact"]
+    assert BSUID not in str(logs)
+    assert "Sheena" not in str(logs)
+
+
+def test_sender_is_not_guessed_among_several_contacts(adapter: WhatsAppAdapter) -> None:
+    msg = {k: v for k, v in text_message().items() if k != "from"}
+    contacts = [{"user_id": BSUID}, {"user_id": "GB.other"}]
+    with capture_logs() as logs:
+        update = adapter.parse(envelope(value(msg, contacts=contacts)))
+    assert update.messages == []
+    assert [(e["event"], e["reason"]) for e in logs] == [("whatsapp_item_skipped", "missing_sender")]
+
+
+@pytest.mark.parametrize(
+    ("quantity", "price", "expected"),
+    [
+        (3, 12.5, "3 x SKU-1 @ 12.5 USD"),
+        ("3", "12.5", "3 x SKU-1 @ 12.5 USD"),
+        ("2", "15.0", "2 x SKU-1 @ 15 USD"),
+        (" 3", "1_0", "? x SKU-1 @ USD"),  # not numbers as JSON writes them
+    ],
+)
+def test_order_numbers_may_be_strings(
+    adapter: WhatsAppAdapter, quantity: Any, price: Any, expected: str
+) -> None:
+    item = {"product_retailer_id": "SKU-1", "quantity": quantity, "item_price": price, "currency": "USD"}
+    msg = text_message() | {"type": "order", "order": {"catalog_id": "1", "product_items": [item]}}
+    del msg["text"]
+    assert only_message(adapter.parse(envelope(value(msg)))).text == expected
+
+
+def test_location_coordinates_may_be_strings(adapter: WhatsAppAdapter) -> None:
+    msg = text_message() | {"type": "location", "location": {"latitude": "52.5", "longitude": "-13.25"}}
+    location = only_message(adapter.parse(envelope(value(msg)))).location
+    assert location is not None
+    assert (location.latitude, location.longitude) == (52.5, -13.25)
+
+
+def test_a_place_without_readable_coordinates_keeps_its_name_and_address(adapter: WhatsAppAdapter) -> None:
+    place = {"latitude": "LATITUDE", "longitude": None, "name": "Cafe Roma", "address": "Via Po 1"}
+    msg = text_message() | {"type": "location", "location": place}
+    message = only_message(adapter.parse(envelope(value(msg))))
+    assert (message.kind, message.location) == (MessageKind.LOCATION, None)
+    assert agent_text(message) == "[location] Cafe Roma, Via Po 1"

@@ -1,8 +1,8 @@
 """Telegram Bot API adapter, inbound side: check the webhook's secret header, normalize one Update.
 
 Telegram signs nothing; the only proof of origin is the `secret_token` given to setWebhook, echoed in a
-header. The adapter does no I/O: the bot's id and username are handed to it (the username comes from
-getMe, fetched elsewhere).
+header. The adapter does no I/O: the bot's id is handed to it, and its username through a
+`BotIdentity` that identity.py's `keep_identity` fills from getMe (or the setting gives).
 
 Choices, so that callers need not read the code:
 - `message_id` is `"<chat id>:<message id>"` because Telegram's ids are unique only within a chat;
@@ -42,6 +42,9 @@ from gateway.domain.inbound import (
     ParsedUpdate,
 )
 from gateway.errors import SettingsError
+from gateway.platforms.telegram.identity import BotIdentity
+from gateway.platforms.wire import integer as _int
+from gateway.platforms.wire import number as _float
 
 log = structlog.get_logger(__name__)
 
@@ -54,9 +57,49 @@ _MESSAGE_UPDATES: dict[str, tuple[MessageKind | None, bool]] = {
     "edited_message": (MessageKind.EDITED_MESSAGE, True),
     "channel_post": (MessageKind.CHANNEL_POST, False),
     "edited_channel_post": (MessageKind.CHANNEL_POST, True),
+    "business_message": (None, False),
+    "edited_business_message": (MessageKind.EDITED_MESSAGE, True),
 }
+_BUSINESS_UPDATES = frozenset({"business_message", "edited_business_message"})
+# Every Update field of the Bot API (10.x) and what the adapter makes of it: docs/platforms.md is
+# checked against this table (tests/test_platform_docs.py). Fields not listed are ignored too.
+UPDATE_TYPES: dict[str, str] = {
+    "message": "message",
+    "edited_message": "message",
+    "channel_post": "message",
+    "edited_channel_post": "message",
+    "business_message": "message",
+    "edited_business_message": "message",
+    "callback_query": "message",
+    "message_reaction": "message",
+    "my_chat_member": "membership",
+    **dict.fromkeys(
+        (
+            "business_connection",
+            "deleted_business_messages",
+            "message_reaction_count",
+            "inline_query",
+            "chosen_inline_result",
+            "shipping_query",
+            "pre_checkout_query",
+            "purchased_paid_media",
+            "poll",
+            "poll_answer",
+            "chat_member",
+            "chat_join_request",
+            "chat_boost",
+            "removed_chat_boost",
+            "guest_message",
+            "managed_bot",
+            "subscription",
+            "stopped_message_generation",
+        ),
+        "ignored",
+    ),
+}
+_HANDLED = frozenset(name for name, handling in UPDATE_TYPES.items() if handling != "ignored")
 # Service messages: Telegram announces changes to the chat as messages carrying one of these fields.
-_SERVICE_FIELDS = (
+SERVICE_FIELDS = (
     "new_chat_title",
     "new_chat_photo",
     "delete_chat_photo",
@@ -89,9 +132,52 @@ _SERVICE_FIELDS = (
     "video_chat_ended",
     "video_chat_participants_invited",
     "web_app_data",
+    "chat_owner_changed",
+    "chat_owner_left",
+    "checklist_tasks_added",
+    "checklist_tasks_done",
+    "community_chat_added",
+    "community_chat_removed",
+    "direct_message_price_changed",
+    "managed_bot_created",
+    "poll_option_added",
+    "poll_option_deleted",
 )
 # Content the gateway does not model; named in the UNSUPPORTED message's text so it shows in the record.
-_UNSUPPORTED_CONTENT = ("poll", "dice", "game", "invoice", "story", "paid_media", "giveaway", "checklist")
+UNSUPPORTED_CONTENT = (
+    "poll",
+    "dice",
+    "game",
+    "invoice",
+    "story",
+    "paid_media",
+    "giveaway",
+    "giveaway_winners",
+    "checklist",
+    "passport_data",
+    "rich_message",
+)
+# Media fields, in the order they are looked for (an animation also carries `document`: it wins).
+MEDIA_FIELDS: tuple[tuple[str, MessageKind], ...] = (
+    ("animation", MessageKind.VIDEO),
+    ("video", MessageKind.VIDEO),
+    ("video_note", MessageKind.VIDEO),
+    ("voice", MessageKind.AUDIO),
+    ("audio", MessageKind.AUDIO),
+    ("document", MessageKind.DOCUMENT),
+)
+# A message's content fields and the kind each gives, for docs/platforms.md (checked by a test).
+CONTENT_FIELDS: dict[str, MessageKind] = {
+    "text": MessageKind.TEXT,
+    "photo": MessageKind.IMAGE,
+    **dict(MEDIA_FIELDS),
+    "sticker": MessageKind.STICKER,
+    "venue": MessageKind.LOCATION,
+    "location": MessageKind.LOCATION,
+    "contact": MessageKind.CONTACTS,
+    "new_chat_members": MessageKind.MEMBERSHIP_CHANGE,
+    "left_chat_member": MessageKind.MEMBERSHIP_CHANGE,
+}
 # After a leading "@bot" these separate the mention from the request ("@bot, do x").
 _LEADING_SEPARATORS = ",:;"
 _CLOSING_PUNCTUATION = ".,!?;:)"
@@ -126,13 +212,13 @@ class TelegramAdapter:
         self,
         secret_token: str,
         bot_id: str,
-        bot_username: str | None = None,
+        bot_username: str | BotIdentity | None = None,
         *,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self._secret = secret_token.encode()
         self._bot_id = bot_id
-        self._username = bot_username.removeprefix("@").casefold() if bot_username else None
+        self.identity = bot_username if isinstance(bot_username, BotIdentity) else BotIdentity(bot_username)
         self._clock = clock
 
     @staticmethod
@@ -177,23 +263,22 @@ class TelegramAdapter:
         if update_id is None:
             raise _Skip("missing_update_id")
         dedup_key = f"tg:{self._bot_id}:{update_id}"
-        update_type = next((key for key in payload if key != "update_id"), None)
+        # One field besides update_id, by the Bot API; a known one wins over fields added on the way.
+        update_type = next((key for key in payload if key in _HANDLED), None) or next(
+            (key for key in payload if key != "update_id"), None
+        )
         if update_type is None:
             raise _Skip("no_content")
         body = payload[update_type]
-        handled = update_type in _MESSAGE_UPDATES or update_type in {
-            "callback_query",
-            "my_chat_member",
-            "message_reaction",
-        }
-        if not handled:
+        if update_type not in _HANDLED:
             log.debug("telegram_update_ignored", update_id=update_id, update_type=update_type)
             return ParsedUpdate()
         if not isinstance(body, dict):
             raise _Skip(f"malformed_{update_type}")
         if update_type in _MESSAGE_UPDATES:
             kind, edited = _MESSAGE_UPDATES[update_type]
-            return ParsedUpdate(messages=[self._message(body, kind, edited, dedup_key, payload)])
+            business = update_type in _BUSINESS_UPDATES
+            return ParsedUpdate(messages=[self._message(body, kind, edited, dedup_key, payload, business)])
         if update_type == "callback_query":
             return ParsedUpdate(messages=[self._callback_query(body, dedup_key, payload)])
         if update_type == "message_reaction":
@@ -207,6 +292,7 @@ class TelegramAdapter:
         edited: bool,
         dedup_key: str,
         raw: dict[str, Any],
+        business: bool = False,
     ) -> InboundMessage:
         chat = _obj(msg.get("chat"))
         chat_id = _int(chat.get("id")) if chat else None
@@ -221,9 +307,15 @@ class TelegramAdapter:
             addressed = mentioned or self._replies_to_bot(msg)
         else:
             addressed = chat_type == "private"
+        user_id, user_name = _sender(msg)
+        # A business chat (a Telegram Business account lets the bot answer for it): its messages go both
+        # ways; only the customer's (the chat's own user) are for the bot, and only a known connection
+        # lets a reply be sent there.
+        connection = _str(msg.get("business_connection_id")) if business else None
+        if business:
+            addressed = chat_type == "private" and connection is not None and user_id == str(chat_id)
         if kind is MessageKind.CHANNEL_POST:
             addressed = False
-        user_id, user_name = _sender(msg)
         reply_to = _obj(msg.get("reply_to_message"))
         reply_to_id = _int(reply_to.get("message_id")) if reply_to else None
         date = msg.get("edit_date") if edited else None
@@ -231,7 +323,8 @@ class TelegramAdapter:
             platform=self.name,
             message_id=f"{chat_id}:{message_id}",
             dedup_key=dedup_key,
-            conversation=ConversationKey(self.name, str(chat_id), thread_id=_topic(msg)),
+            # A business chat is the business's conversation with the user, not the bot's own chat.
+            conversation=ConversationKey(self.name, str(chat_id), scope=connection, thread_id=_topic(msg)),
             kind=kind or content.kind,
             timestamp=_time(date) or _time(msg.get("date")) or self._clock(),
             user_id=user_id,
@@ -332,6 +425,7 @@ class TelegramAdapter:
         if words is None or not isinstance(entities, list) or not entities:
             return False, words
         index = _utf16_index(words)
+        username = self.identity.username
         addressed = False
         cuts: list[tuple[int, int]] = []
         for entity in entities:
@@ -344,9 +438,12 @@ class TelegramAdapter:
                 continue
             fragment = words[start:end]
             kind = ent.get("type")
-            if kind == "mention" and self._username and fragment.casefold() == f"@{self._username}":
-                addressed = True
-                cuts.append((start, end))
+            if kind == "mention":
+                if username and fragment.casefold() == f"@{username}":
+                    addressed = True
+                    cuts.append((start, end))
+                else:
+                    self.identity.unrecognized(fragment.removeprefix("@"))
             elif kind == "text_mention":
                 user = _obj(ent.get("user"))
                 if user is not None and _int(user.get("id")) is not None and str(user["id"]) == self._bot_id:
@@ -356,9 +453,11 @@ class TelegramAdapter:
                 command, at, target = fragment.partition("@")
                 if not at:
                     addressed = True  # a bare /command in a group is for every bot there
-                elif self._username and target.casefold() == self._username:
+                elif username and target.casefold() == username:
                     addressed = True
                     cuts.append((start + len(command), end))
+                else:
+                    self.identity.unrecognized(target)
         return addressed, _remove(words, cuts) if cuts else words
 
     def _replies_to_bot(self, msg: dict[str, Any]) -> bool:
@@ -384,14 +483,7 @@ def _content(msg: dict[str, Any], words: str | None) -> _Content:
     if sizes:
         largest = max(sizes, key=lambda p: (_int(p.get("width")) or 0) * (_int(p.get("height")) or 0))
         return _Content(MessageKind.IMAGE, words, MediaRef(largest["file_id"], caption=words))
-    for field, kind in (
-        ("animation", MessageKind.VIDEO),
-        ("video", MessageKind.VIDEO),
-        ("video_note", MessageKind.VIDEO),
-        ("voice", MessageKind.AUDIO),
-        ("audio", MessageKind.AUDIO),
-        ("document", MessageKind.DOCUMENT),
-    ):
+    for field, kind in MEDIA_FIELDS:
         media = _media(msg.get(field), words)
         if media is not None:
             return _Content(kind, words, media)
@@ -428,10 +520,10 @@ def _content(msg: dict[str, Any], words: str | None) -> _Content:
     left = _obj(msg.get("left_chat_member"))
     if left is not None:
         return _Content(MessageKind.MEMBERSHIP_CHANGE, f"left: {_name(left) or _int(left.get('id'))}")
-    for field in _SERVICE_FIELDS:
+    for field in SERVICE_FIELDS:
         if field in msg:
             return _Content(MessageKind.SYSTEM, field)
-    unsupported = next((field for field in _UNSUPPORTED_CONTENT if field in msg), None)
+    unsupported = next((field for field in UNSUPPORTED_CONTENT if field in msg), None)
     return _Content(MessageKind.UNSUPPORTED, unsupported)
 
 
@@ -519,16 +611,6 @@ def _list(value: Any) -> list[dict[str, Any]]:
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def _time(value: Any) -> datetime | None:

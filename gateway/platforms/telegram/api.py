@@ -21,6 +21,8 @@ ALLOWED_UPDATES = (
     "edited_message",
     "channel_post",
     "edited_channel_post",
+    "business_message",
+    "edited_business_message",
     "callback_query",
     "my_chat_member",
     "message_reaction",
@@ -113,6 +115,8 @@ class TelegramSender:
                 await self.api.call("answerCallbackQuery", callback_query_id=target.callback_query_id)
                 return None
             params: dict[str, Any] = {"chat_id": target.chat_id, "text": message.text or ""}
+            if target.business_connection_id:
+                params["business_connection_id"] = target.business_connection_id
             if target.thread_id:
                 params["message_thread_id"] = int(target.thread_id)
             reply_to = target.reply_to or ""
@@ -153,6 +157,8 @@ class TelegramSender:
         if not telegram.chat_id:
             return
         params: dict[str, Any] = {"chat_id": telegram.chat_id, "action": "typing"}
+        if telegram.business_connection_id:
+            params["business_connection_id"] = telegram.business_connection_id
         try:
             if telegram.thread_id:
                 params["message_thread_id"] = int(telegram.thread_id)

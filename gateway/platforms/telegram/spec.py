@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import httpx
+import structlog
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
@@ -28,6 +29,9 @@ from gateway.platforms.spec import (
 )
 from gateway.platforms.telegram.adapter import SECRET_HEADER, TelegramAdapter
 from gateway.platforms.telegram.api import TelegramAPI, TelegramSender
+from gateway.platforms.telegram.identity import keep_identity
+
+log = structlog.get_logger(__name__)
 
 NAME = "telegram"
 SIMULATED_NAME = "Simulator"
@@ -43,6 +47,11 @@ class TelegramSettings(PlatformSettings):
     )
     bot_token: SecretStr | None = Field(
         default=None, description="Bot token from @BotFather; without it replies are dry-run."
+    )
+    bot_username: str | None = Field(
+        default=None,
+        description="The bot's @username, where getMe cannot reach the Bot API at start-up "
+        "(unset: asked of getMe; group @mentions are answered once it is known).",
     )
     api_base: str = Field(default="https://api.telegram.org", description="Bot API base.")
     chat_per_second: float = Field(default=1, ge=0, description="Sends per private chat per second.")
@@ -63,6 +72,16 @@ class TelegramSettings(PlatformSettings):
             raise ValueError("is not a bot token of the form <digits>:<secret> (see @BotFather)")
         return value
 
+    @field_validator("bot_username")
+    @classmethod
+    def _check_bot_username(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        name = value.removeprefix("@")
+        if not re.fullmatch(r"[A-Za-z0-9_]{5,32}", name) or not name.casefold().endswith("bot"):
+            raise ValueError("is not a bot's username (5-32 of A-Z, a-z, 0-9 and _, ending in 'bot')")
+        return name
+
     @field_validator("api_base")
     @classmethod
     def _check_api_base(cls, value: str) -> str:
@@ -76,7 +95,27 @@ class TelegramSettings(PlatformSettings):
 
 
 def adapter(settings: TelegramSettings, secret_token: str) -> PlatformAdapter:
-    return TelegramAdapter(secret_token, settings.bot_id)
+    return TelegramAdapter(secret_token, settings.bot_id, settings.bot_username)
+
+
+async def learn_identity(
+    settings: TelegramSettings, adapter: PlatformAdapter, http: httpx.AsyncClient
+) -> None:
+    """The bot's username for the adapter: the setting when given, else getMe's (see identity.py)."""
+    if not isinstance(adapter, TelegramAdapter):
+        return
+    if settings.bot_username:
+        log.info("telegram_bot_identity", bot_username=settings.bot_username, source="settings")
+        return
+    token = secret(settings.bot_token)
+    if token is None:
+        log.warning(
+            "telegram_bot_username_unknown",
+            consequence="group messages that @mention the bot are recorded, not answered",
+            fix_with=TELEGRAM.variable("bot_token") + " or " + TELEGRAM.variable("bot_username"),
+        )
+        return
+    await keep_identity(TelegramAPI(token, settings.api_base, http), adapter.identity)
 
 
 def sender(settings: TelegramSettings, http: httpx.AsyncClient) -> Sender | None:
@@ -102,13 +141,15 @@ def pacing(settings: TelegramSettings) -> PacingRule:
 
 def reply_target(message: InboundMessage) -> TelegramTarget:
     """The chat and forum topic of the message; in a group the reply quotes it (`chat_type`); a pressed
-    button's query, to answer."""
+    button's query, to answer; a business chat's connection (the conversation's scope), to answer as
+    the business."""
     return message_target(
         TelegramTarget,
         message,
         thread_id=message.thread_id,
         chat_type=message.chat_type,
         callback_query_id=message.callback_query_id,
+        business_connection_id=message.conversation.scope,
     )
 
 
@@ -148,4 +189,5 @@ TELEGRAM: PlatformSpec[TelegramSettings] = PlatformSpec(
     target_type=TelegramTarget,
     simulate=simulate,
     simulate_user="1000001",
+    background=learn_identity,
 )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,6 +33,9 @@ from gateway.domain.inbound import (
     ParsedUpdate,
     StatusUpdate,
 )
+from gateway.platforms.wire import integer as _int
+from gateway.platforms.wire import number as _float
+from gateway.platforms.wire import written as _number
 
 log = structlog.get_logger(__name__)
 
@@ -168,6 +170,10 @@ def _message(
     phone = _ident(msg.get("from"))
     bsuid = _ident(msg.get("from_user_id"))
     contact = _sender_contact(contacts, phone, bsuid)
+    if phone is None and bsuid is None and len(contacts.cards) == 1:
+        # The BSUID rollout's shape: the message names no sender; the change's one contact is it.
+        contact = contacts.cards[0]
+        log.info("whatsapp_sender_from_single_contact", message_id=wamid)
     bsuid = bsuid or _ident(contact.get("user_id"))
     phone = phone or _ident(contact.get("wa_id"))
     user_id = bsuid or phone
@@ -198,23 +204,28 @@ def _message(
     )
 
 
-_ContactIndex = dict[tuple[str, str], dict[str, Any]]
+@dataclass(frozen=True)
+class _ContactIndex:
+    """`contacts[]` by BSUID and by phone: their order need not follow `messages[]` (spec 1.4)."""
+
+    by_key: dict[tuple[str, str], dict[str, Any]]
+    cards: list[dict[str, Any]]  # the contacts that name someone (a BSUID or a phone)
 
 
 def _contact_index(contacts: Any) -> _ContactIndex:
-    """`contacts[]` by BSUID and by phone: their order need not follow `messages[]` (spec 1.4)."""
-    index: _ContactIndex = {}
+    index = _ContactIndex({}, [])
     for contact in _items(contacts, "contact"):
-        for key in ("user_id", "wa_id"):
-            ident = _ident(contact.get(key))
-            if ident is not None:
-                index.setdefault((key, ident), contact)
+        keys = [(key, ident) for key in ("user_id", "wa_id") if (ident := _ident(contact.get(key)))]
+        for key in keys:
+            index.by_key.setdefault(key, contact)
+        if keys:
+            index.cards.append(contact)
     return index
 
 
 def _sender_contact(contacts: _ContactIndex, phone: str | None, bsuid: str | None) -> dict[str, Any]:
-    by_bsuid = contacts.get(("user_id", bsuid)) if bsuid else None
-    by_phone = contacts.get(("wa_id", phone)) if phone else None
+    by_bsuid = contacts.by_key.get(("user_id", bsuid)) if bsuid else None
+    by_phone = contacts.by_key.get(("wa_id", phone)) if phone else None
     return by_bsuid or by_phone or {}
 
 
@@ -278,10 +289,15 @@ def _text_message(body: dict[str, Any]) -> _Content:
 
 
 def _location(body: dict[str, Any]) -> _Content:
+    """The place with every field a model would use; without readable coordinates, still its name,
+    address and web page, as text."""
     latitude, longitude = _float(body.get("latitude")), _float(body.get("longitude"))
+    name, address, url = _text(body.get("name")), _text(body.get("address")), _text(body.get("url"))
     if latitude is None or longitude is None:
-        return _Content(MessageKind.LOCATION)
-    location = Location(latitude, longitude, name=_text(body.get("name")), address=_text(body.get("address")))
+        place = ", ".join(part for part in (name, address) if part)
+        text = " ".join(part for part in (place, url) if part)
+        return _Content(MessageKind.LOCATION, text=text or None)
+    location = Location(latitude, longitude, name=name, address=address, url=url)
     return _Content(MessageKind.LOCATION, location=location)
 
 
@@ -367,6 +383,9 @@ _CONTENT_PARSERS: dict[str, Callable[[dict[str, Any]], _Content]] = {
     "reaction": _reaction,
     "system": _system,
 }
+# The message types the adapter reads, for docs/platforms.md (checked by tests/test_platform_docs.py);
+# every other type (unsupported, edit, revoke, request_welcome, ...) is UNSUPPORTED.
+MESSAGE_TYPES: tuple[str, ...] = (*_MEDIA_KINDS, "contacts", *_CONTENT_PARSERS)
 
 
 # Defensive accessors: JSON from outside may hold any type anywhere.
@@ -400,37 +419,6 @@ def _ident(value: Any) -> str | None:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:  # also digit strings past Python's int-conversion limit
-            return None
-    return None
-
-
-def _float(value: Any) -> float | None:
-    """A finite coordinate from a JSON number (or numeric string), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        number = float(value)
-    except (ValueError, OverflowError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _number(value: Any) -> str | None:
-    """A JSON number as a person writes it: 2, 9.99, 15 (not 15.0)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _timestamp(value: Any, item: str, wamid: str) -> datetime:
