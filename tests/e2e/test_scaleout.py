@@ -219,13 +219,6 @@ def test_three_replicas_answer_every_message_exactly_once_in_order(tmp_path: Pat
     check_exactly_once_in_order(run)
 
 
-@pytest.mark.skip(
-    reason="fails intermittently until claims on PostgreSQL cost the same whatever the backlog (issue 13): "
-    "with ~3,500 messages waiting when the replica dies, each claim takes 4-5 s on this 2-core host, so "
-    "takeover plus the claims after it passed 60 s (4-20 of 200 conversations, default 30 s lease), and "
-    "leases renewed late let a survivor's reply go out twice (1 message in 2 of 4 runs); "
-    "un-skip it with issue 13"
-)
 def test_a_replica_killed_mid_run_loses_nothing_and_stalls_no_conversation(
     tmp_path: Path, postgres_url: str
 ) -> None:
