@@ -16,6 +16,7 @@ from gateway.agents.stores.base import BaseSessionStore
 from gateway.agents.stores.memory import SessionStore
 from gateway.agents.tools import execute_tool_call
 from gateway.domain.messages import Message, Role
+from gateway.domain.text import sendable
 
 log = structlog.get_logger(__name__)
 
@@ -143,6 +144,7 @@ class Runner:
             tools = agent.all_tools()
             reply = await self._model(agent).respond(agent, list(session.history), tools)
             reply.agent_name = agent.name
+            reply.content = sendable(reply.content)
             if not reply.tool_calls:
                 add(reply)
                 return new

@@ -1,5 +1,5 @@
 """Text the platforms and the database accept: long replies split into messages (both platforms cap a
-text message at 4,096 characters), and strings without lone surrogates."""
+text message at 4,096 characters), strings without lone surrogates, and a model's text without NUL."""
 
 from __future__ import annotations
 
@@ -47,3 +47,14 @@ def without_lone_surrogates(value: Any) -> Any:
     if isinstance(value, list):
         return [without_lone_surrogates(item) for item in value]
     return value
+
+
+def sendable(text: str | None) -> str | None:
+    """A model's text as the platforms and every database take it: without NUL characters (PostgreSQL
+    text cannot hold one: the turn's commit failed at every retry) and with lone surrogates replaced
+    by U+FFFD (not UTF-8 at all: neither SQLite nor a platform's API takes one)."""
+    if text is None:
+        return None
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    return _LONE_SURROGATE.sub("\ufffd", text)

@@ -308,3 +308,34 @@ async def test_before_each_turn_the_worker_names_where_the_reply_will_go(
     ((platform, target),) = seen
     assert platform == "telegram"
     assert (target["chat_id"], target["reply_to"], target["chat_type"]) == ("5", "telegram:5:0", "group")
+
+
+class Poisoned:
+    """A model whose answer carries what a database refuses: NUL (PostgreSQL text) and a lone surrogate
+    (not UTF-8 at all), in the reply and in a tool call's arguments."""
+
+    async def respond(self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]) -> Message:
+        return Message(Role.MODEL, "order\x00 42 is \ud800 on its way")
+
+
+async def test_a_model_answer_the_database_refuses_is_stored_without_the_offending_characters(
+    database: Database,
+) -> None:
+    """The finding (issue 12): a reply with NUL failed its turn's commit on PostgreSQL at every retry,
+    then was dead-lettered: the user got nothing. Its text is made storable like a webhook's values."""
+    await migrations.upgrade(database)
+    store = SQLSessionStore(database)
+    try:
+        await add_rows(database, [("telegram:1", "telegram:1/x")])
+        worker = InboxWorker(database, Runner(Agent("Poisoned", "p", model=Poisoned()), store))
+        assert await worker.run_until_idle() == 1
+        async with database.connect() as conn:
+            status, error = (await conn.execute(select(InboxRow.status, InboxRow.last_error))).one()
+            (reply,) = (await conn.execute(select(OutboxRow.text))).one()
+        assert (status, error) == ("done", None)
+        assert reply == "order 42 is \ufffd on its way"
+        fresh = SQLSessionStore(database)  # reads the stored session, not this store's memory of it
+        stored = await fresh.get("telegram:1")
+        assert stored is not None and stored.history[-1].content == "order 42 is \ufffd on its way"
+    finally:
+        await store.aclose()
