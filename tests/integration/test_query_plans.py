@@ -160,3 +160,19 @@ async def test_no_hot_statement_reads_a_whole_table(full_database: Database) -> 
     async with db.connect() as conn:
         plan = await conn.exec_driver_sql("EXPLAIN SELECT id FROM chatflow_inbox WHERE text = 'x'")
         assert "chatflow_inbox" in SEQUENTIAL.findall(" ".join(row[0] for row in plan))
+
+
+async def test_queue_tables_carry_their_autovacuum_settings(postgres_url: str) -> None:
+    """Migration 0008: vacuum the queue tables early, the heads table every 1,000 dead versions."""
+    db = Database.open(postgres_url)
+    try:
+        await migrations.upgrade(db)
+        async with db.connect() as conn:
+            query = text("SELECT relname, reloptions FROM pg_class WHERE relname LIKE 'chatflow_%'")
+            options = {name: reloptions for name, reloptions in await conn.execute(query)}
+    finally:
+        await db.aclose()
+    assert "autovacuum_vacuum_scale_factor=0.01" in options["chatflow_inbox"]
+    assert "autovacuum_vacuum_scale_factor=0.01" in options["chatflow_outbox"]
+    assert "autovacuum_vacuum_scale_factor=0.01" in options["chatflow_processed_messages"]
+    assert {"autovacuum_vacuum_threshold=1000", "fillfactor=70"} <= set(options["chatflow_queue_heads"])
