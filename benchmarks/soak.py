@@ -289,11 +289,12 @@ def report(minutes: list[Minute], held: Held | None, args: argparse.Namespace, s
                 f"| {number} | {m.ack_p99_ms:.1f} ms | {m.acks:,} | {m.replies:,} | {m.claim_ms:.2f} ms "
                 f"| {cells} |"
             )
-        half = len(minutes) // 2 or 1
-        early_p99 = statistics.median(m.ack_p99_ms for m in minutes[:half])
-        late_p99 = statistics.median(m.ack_p99_ms for m in minutes[half:])
-        early_claim = statistics.median(m.claim_ms for m in minutes[:half])
-        late_claim = statistics.median(m.claim_ms for m in minutes[half:])
+        half = len(minutes) // 2
+        early, late = (minutes[:half], minutes[half:]) if half else (minutes, minutes)
+        early_p99 = statistics.median(m.ack_p99_ms for m in early)
+        late_p99 = statistics.median(m.ack_p99_ms for m in late)
+        early_claim = statistics.median(m.claim_ms for m in early)
+        late_claim = statistics.median(m.claim_ms for m in late)
         parts.append(
             f"\nAck p99, median of the first half {early_p99:.1f} ms, of the second {late_p99:.1f} ms; claim "
             f"lookup {early_claim:.2f} ms then {late_claim:.2f} ms. Replies kept pace: "
