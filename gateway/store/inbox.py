@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import InboundMessage, agent_text
@@ -137,12 +137,24 @@ def complete_on_file(conn: sqlite3.Connection, inbox_id: int, owner: str, now: d
         raise LeaseLostError(f"inbox row {inbox_id} is no longer held by {owner}")
 
 
-async def complete_on_engine(conn: AsyncConnection, inbox_id: int, owner: str, now: datetime) -> None:
-    done = await conn.execute(
-        update(InboxRow)
-        .where(InboxRow.id == inbox_id, InboxRow.lease_owner == owner, InboxRow.status == "pending")
-        .values(status="done", finished_at=now, lease_owner=None, lease_until=None)
+_COMPLETE_STATEMENT = (
+    update(InboxRow)
+    .where(
+        InboxRow.id == bindparam("inbox_id"),
+        InboxRow.lease_owner == bindparam("owner"),
+        InboxRow.status == "pending",
     )
+    .values(
+        status="done",
+        finished_at=bindparam("now", type_=InboxRow.finished_at.type),
+        lease_owner=None,
+        lease_until=None,
+    )
+)
+
+
+async def complete_on_engine(conn: AsyncConnection, inbox_id: int, owner: str, now: datetime) -> None:
+    done = await conn.execute(_COMPLETE_STATEMENT, {"inbox_id": inbox_id, "owner": owner, "now": now})
     if done.rowcount != 1:
         raise LeaseLostError(f"inbox row {inbox_id} is no longer held by {owner}")
 

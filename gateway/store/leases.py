@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, update
+from sqlalchemy import JSON, bindparam, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.messages import utcnow
@@ -83,14 +83,22 @@ def claim_on_engine(
         if not heads:
             return []
         leased = await conn.execute(
-            update(table)
-            .where(table.id.in_(sorted(heads)), table.status == "pending")
-            .values(lease_owner=owner, lease_until=lease_until)
-            .returning(table.id, *(getattr(table, c) for c in columns))
+            _lease_rows_statement(table, columns),
+            {"ids": sorted(heads), "owner": owner, "until": lease_until},
         )
         return sorted((tuple(row) for row in leased), key=lambda row: row[0])
 
     return work
+
+
+@functools.cache
+def _lease_rows_statement(table: Any, columns: tuple[str, ...]) -> Any:
+    return (
+        update(table)
+        .where(table.id.in_(bindparam("ids", expanding=True)), table.status == "pending")
+        .values(lease_owner=bindparam("owner"), lease_until=bindparam("until", type_=table.lease_until.type))
+        .returning(table.id, *(getattr(table, c) for c in columns))
+    )
 
 
 @functools.cache
@@ -128,14 +136,27 @@ async def settle(db: Database, table: Any, row_id: int, owner: str, values: dict
         return bool(conn.execute(statement, params).rowcount == 1)
 
     async def on_engine(conn: AsyncConnection) -> bool:
-        settled = await conn.execute(
-            update(table)
-            .where(table.id == row_id, table.lease_owner == owner, table.status == "pending")
-            .values(**values)
-        )
+        statement = _settle_statement(table, tuple(values))
+        params = {f"v_{name}": value for name, value in values.items()}
+        settled = await conn.execute(statement, {"row_id": row_id, "owner": owner, **params})
         return bool(settled.rowcount == 1)
 
-    return await db.write(on_file, on_engine)
+    return await db.write_alone(on_file, on_engine)
+
+
+@functools.cache
+def _settle_statement(table: Any, names: tuple[str, ...]) -> Any:
+    """One per table and set of columns (a handful of call sites), built once."""
+    columns = table.__table__.columns
+    return (
+        update(table)
+        .where(
+            table.id == bindparam("row_id"),
+            table.lease_owner == bindparam("owner"),
+            table.status == "pending",
+        )
+        .values({name: bindparam(f"v_{name}", type_=columns[name].type) for name in names})
+    )
 
 
 async def renew(db: Database, table: Any, ids: list[int], owner: str, lease: timedelta) -> set[int]:
@@ -201,7 +222,7 @@ async def release_many(db: Database, table: Any, ids: list[int], owner: str) -> 
             .values(lease_owner=None, lease_until=None)
         )
 
-    await db.write(on_file, on_engine)
+    await db.write_alone(on_file, on_engine)
 
 
 def _sqlite_value(value: Any) -> Any:

@@ -26,11 +26,13 @@ holder settles it, and PostgreSQL then cancels one of the two, which retries.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.store.sqlite_thread import to_sqlite_datetime
@@ -54,24 +56,35 @@ def lease_on_file(
 async def lease_on_engine(
     conn: AsyncConnection, queue: str, owner: str, now: datetime, lease_until: datetime, limit: int
 ) -> dict[int, str]:
-    # Picked once, in a materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again
-    # when it rechecks a row another transaction changed, and lease more heads than `limit`.
+    params = {"b_queue": queue, "owner": owner, "now": now, "until": lease_until, "limit": limit}
+    leased = await conn.execute(_lease_statement(), params)
+    return {row_id: session for session, row_id in leased if row_id is not None}
+
+
+@functools.cache
+def _lease_statement() -> Any:
+    """Built once (building it cost more than running it). The heads are picked once, in a
+    materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again when it rechecks a row
+    another transaction changed, and lease more heads than `limit`."""
     due = (
         select(Head.session_id)
-        .where(Head.queue == queue, Head.next_id.is_not(None), Head.due_at <= now)
+        .where(
+            Head.queue == bindparam("b_queue"),
+            Head.next_id.is_not(None),
+            Head.due_at <= bindparam("now", type_=Head.due_at.type),
+        )
         .order_by(Head.due_at)
-        .limit(limit)
+        .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)
         .cte("due")
         .prefix_with("MATERIALIZED", dialect="postgresql")
     )
-    leased = await conn.execute(
+    return (
         update(Head)
-        .where(Head.queue == queue, Head.session_id == due.c.session_id)
-        .values(lease_owner=owner, due_at=lease_until)
+        .where(Head.queue == bindparam("b_queue"), Head.session_id == due.c.session_id)
+        .values(lease_owner=bindparam("owner"), due_at=bindparam("until", type_=Head.due_at.type))
         .returning(Head.session_id, Head.next_id)
     )
-    return {row_id: session for session, row_id in leased if row_id is not None}
 
 
 def renew_on_file(
