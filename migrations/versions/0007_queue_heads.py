@@ -36,10 +36,9 @@ PUSH = (
 )
 # A row left pending or was handed back: its conversation's head is its oldest pending row again, due
 # at that row's next attempt, and the lease of whoever settled the row ends (not another's).
-_OLDEST = "(SELECT min(p.id) FROM {table} AS p WHERE p.session_id = NEW.session_id AND p.status = 'pending')"
 REFRESH = (
-    f"UPDATE chatflow_queue_heads SET next_id = {_OLDEST}, "
-    f"due_at = (SELECT r.next_attempt_at FROM {{table}} AS r WHERE r.id = {_OLDEST}), lease_owner = NULL "
+    "UPDATE chatflow_queue_heads SET (next_id, due_at) = (SELECT p.id, p.next_attempt_at FROM {table} AS p "
+    "WHERE p.session_id = NEW.session_id AND p.status = 'pending' ORDER BY p.id LIMIT 1), lease_owner = NULL "
     "WHERE queue = '{table}' AND session_id = NEW.session_id "
     "AND (lease_owner IS NULL OR lease_owner = OLD.lease_owner)"
 )
