@@ -1,7 +1,8 @@
 """The loop shared by the inbox worker and delivery: claim rows as slots free up, process each in a task.
 
 Up to `concurrency` rows are in flight at once, claimed several per claim: while others are busy a
-claim waits until a quarter of the slots are free, since a claim reads the backlog whatever its limit.
+claim waits until a quarter of the slots are free, so one claim (a transaction, a round trip or two)
+takes several rows.
 While `busy()` says this process's webhooks wait for their commit (a flood), at most BUSY_CLAIM_ROWS
 new rows start every BUSY_CLAIM_DELAY_SECONDS (rows in flight go on): acknowledgements come first,
 and a flood's backlog is worked off right after it.

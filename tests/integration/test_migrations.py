@@ -204,3 +204,50 @@ async def wait_for_lock_waiters(engine: AsyncEngine, expected: int) -> int:
             break
         await asyncio.sleep(0.1)
     return count
+
+
+async def test_upgrading_with_a_backlog_gives_every_waiting_conversation_its_queue_head(
+    database_url: str,
+) -> None:
+    """Migration 0007 on a database with messages waiting (one of them leased): every conversation's
+    oldest pending message becomes claimable, in order, and the leased one stays with its holder."""
+    from datetime import UTC, datetime, timedelta
+
+    from gateway.store import inbox
+    from gateway.store.database import Database
+
+    db = Database.open(database_url)
+    try:
+        await migrations.upgrade(db, "0006")
+        later = datetime.now(UTC) + timedelta(minutes=5)
+        rows = [("a", "pending", None, None), ("a", "pending", None, None), ("b", "done", None, None)]
+        rows += [
+            ("b", "pending", None, None),
+            ("c", "pending", "holder", later),
+            ("c", "pending", None, None),
+        ]
+        async with db.begin() as conn:
+            for number, (chat, status, owner, until) in enumerate(rows):
+                await conn.execute(
+                    text(
+                        "INSERT INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, "
+                        "text, message_json, status, attempts, next_attempt_at, received_at, lease_owner, "
+                        "lease_until) VALUES (:key, 'telegram', :session, :id, 'text', :text, '{}', "
+                        ":status, 0, :now, :now, :owner, :until)"
+                    ),
+                    {
+                        "key": f"k{number}",
+                        "session": f"telegram:{chat}",
+                        "id": str(number),
+                        "text": f"{chat}/{number}",
+                        "status": status,
+                        "now": datetime.now(UTC) - timedelta(seconds=1),
+                        "owner": owner,
+                        "until": until,
+                    },
+                )
+        await migrations.upgrade(db)
+        claimed = await inbox.claim(db, "new", timedelta(seconds=30), 10)
+        assert [row.text for row in claimed] == ["a/0", "b/3"]  # c's first message is still leased
+    finally:
+        await db.aclose()
