@@ -336,6 +336,7 @@ async def test_a_model_answer_the_database_refuses_is_stored_without_the_offendi
         assert reply == "order 42 is \ufffd on its way"
         fresh = SQLSessionStore(database)  # reads the stored session, not this store's memory of it
         stored = await fresh.get("telegram:1")
-        assert stored is not None and stored.history[-1].content == "order 42 is \ufffd on its way"
+        assert stored is not None
+        assert stored.history[-1].content == "order 42 is \ufffd on its way"
     finally:
         await store.aclose()
