@@ -506,7 +506,8 @@ retries transient failures for GATEWAY_DELIVERY_RETRY_HOURS (24 h) from the firs
 apart, so the drain must cover the last backoff.
 - How it runs: `tests/faultkit.py` (real `gateway serve` processes, a private PostgreSQL server, \
 fake Bot API and model servers switched at run time, the load driver and the accounting); this \
-file's scenarios are in `benchmarks/faults.py`.
+file's scenarios are in `benchmarks/faults.py`. The database faults on PostgreSQL (stopped, \
+frozen, crashed) are also asserted, not only counted, by `tests/e2e/test_postgres_faults.py`.
 """
 
 
