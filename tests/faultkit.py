@@ -112,6 +112,8 @@ def gateway_settings(database_url: str, bot_api: str, **extra: str) -> dict[str,
         "GATEWAY_LOCAL_KEY_FILE": "",
         "GATEWAY_LOG_LEVEL": "warning",
         "GATEWAY_LOG_FORMAT": "json",
+        # Three replicas and their test share one server's 100 connections with whatever else runs.
+        "GATEWAY_DATABASE_POOL_SIZE": "10",
         **extra,
     }
 
