@@ -231,7 +231,9 @@ class PrivatePostgres:
     server runs as the `postgres` user (PostgreSQL refuses root).
     """
 
-    def __init__(self, bin_dir: Path | None = None) -> None:
+    def __init__(self, bin_dir: Path | None = None, *, durable: bool = False) -> None:
+        """`durable`: the server's own fsync settings (benchmarks), else fsync off (fault tests)."""
+        self.durable = durable
         found = bin_dir or postgres_bin()
         if found is None:
             raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
@@ -264,10 +266,10 @@ class PrivatePostgres:
             "-k", str(self.root),
             "-c", "listen_addresses=127.0.0.1",
             "-c", "max_connections=200",
-            # A crash of the server process loses nothing the OS has; only power loss would.
-            "-c", "fsync=off",
-            "-c", "full_page_writes=off",
         ]  # fmt: skip
+        if not self.durable:
+            # A crash of the server process loses nothing the OS has; only power loss would.
+            argv += ["-c", "fsync=off", "-c", "full_page_writes=off"]
         with (self.root / "server.log").open("ab") as log:
             self.process = subprocess.Popen(
                 argv,
