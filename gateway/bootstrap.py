@@ -19,6 +19,7 @@ import httpx
 import structlog
 
 from gateway.agents import Agent, Runner, SQLSessionStore
+from gateway.agents.models.budget import ProviderBudget
 from gateway.agents.models.registry import ModelFactory, model_factory
 from gateway.domain.inbound import MessageKind
 from gateway.errors import SettingsError
@@ -34,8 +35,10 @@ from gateway.worker.inbox import InboxWorker
 from gateway.worker.maintenance import purge_dedup_keys_periodically
 from gateway.worker.outbound import OutboxDelivery
 from gateway.worker.pacing import PacingLimits
+from gateway.worker.patience import Patience
 
-HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms (and the model providers)
+HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms
+MODEL_TIMEOUT_SECONDS = 60  # each attempt of a model call
 # The interpreter's GIL switch interval (5 ms by default): each statement of a commit releases the GIL
 # on the SQLite writer thread, which then waits for it while the event loop runs, up to a whole
 # interval per statement. 1 ms gave ~15% more acks/s.
@@ -56,6 +59,7 @@ class Services:
     worker: InboxWorker
     delivery: OutboxDelivery
     http: httpx.AsyncClient
+    model_http: httpx.AsyncClient  # the model providers' calls: as many connections as turns in flight
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
@@ -72,6 +76,7 @@ class Services:
         self.tasks.clear()
         await self.worker.runner.session_store.aclose()
         await self.http.aclose()
+        await self.model_http.aclose()
         await self.database.aclose()
 
 
@@ -87,7 +92,8 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
         timeout=settings.database_timeout_seconds,
         max_waiting=settings.max_queued_webhooks,
     )
-    runner = build_runner(settings, database, http)
+    model_http = http_client(MODEL_TIMEOUT_SECONDS, max_connections=settings.max_turns_in_flight)
+    runner = build_runner(settings, database, model_http)
     worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy, platforms=platforms)
     return Services(
         settings=settings,
@@ -97,6 +103,7 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
         worker=worker,
         delivery=delivery,
         http=http,
+        model_http=model_http,
     )
 
 
@@ -185,6 +192,9 @@ def build_worker(
         busy=busy,
         platforms=platforms,
         lease_seconds=settings.lease_seconds,
+        concurrency=settings.max_turns_in_flight,
+        patience=Patience(settings.model_retry_s, settings.holding_reply_after_s),
+        holding_reply=settings.holding_reply,
     )
     if settings.typing_indicator:
         worker.before_turn = delivery.indicate_typing
@@ -246,5 +256,21 @@ def build_runner(settings: Settings, database: Database, http: httpx.AsyncClient
 def build_models(settings: Settings, http: httpx.AsyncClient | None = None) -> ModelFactory:
     key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
     return model_factory(
-        settings.model, openai_base_url=settings.openai_base_url, openai_api_key=key, http=http
+        settings.model,
+        openai_base_url=settings.openai_base_url,
+        openai_api_key=key,
+        http=http,
+        budgets=build_budgets(settings),
     )
+
+
+def build_budgets(settings: Settings) -> dict[str, ProviderBudget]:
+    """Each model provider's budget (GATEWAY_<PROVIDER>_MAX_CONCURRENCY, _RPM, _TPM)."""
+    return {
+        "openai": ProviderBudget(
+            "openai",
+            max_concurrency=settings.openai_max_concurrency,
+            rpm=settings.openai_rpm,
+            tpm=settings.openai_tpm,
+        )
+    }

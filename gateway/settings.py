@@ -88,6 +88,37 @@ class Settings(BaseSettings):
         description="Base URL of an OpenAI-compatible Chat Completions server.",
     )
     openai_api_key: SecretStr | None = Field(default=None, description="Bearer key for that server.")
+    openai_max_concurrency: int = Field(
+        default=0, ge=0, description="Calls to that server in flight at once (0 = unlimited)."
+    )
+    openai_rpm: int = Field(
+        default=0, ge=0, description="Requests per minute to that server, spaced evenly (0 = unlimited)."
+    )
+    openai_tpm: int = Field(default=0, ge=0, description="Tokens per minute to that server (0 = unlimited).")
+    max_turns_in_flight: int = Field(
+        default=2000,
+        ge=1,
+        le=100_000,
+        description="Agent turns running at once in one process (each waiting on its model, mostly).",
+    )
+    model_retry_s: float = Field(
+        default=1800,
+        ge=0,
+        description="How long a turn is retried after transient model failures (timeout, 429, 5xx, "
+        "connection) before it is dead; later messages of its conversation wait behind it.",
+    )
+    holding_reply_after_s: float = Field(
+        default=0,
+        ge=0,
+        description="After this many seconds of a model outage, the user gets the holding reply "
+        "once per outage (0 = never).",
+    )
+    holding_reply: str = Field(
+        default="We're having trouble answering right now. We'll reply as soon as we can.",
+        min_length=1,
+        max_length=4096,
+        description="The text of the holding reply.",
+    )
     agent: str = Field(
         default="gateway.demo:agent",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",

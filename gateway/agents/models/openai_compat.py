@@ -4,7 +4,9 @@ OpenAI, Azure OpenAI, Gemini's and Grok's compatible endpoints, Ollama, vLLM and
 `POST {base_url}/chat/completions`, so one small client covers them. It maps the gateway's history to
 the wire format and back, and retries what is worth retrying (429, 5xx gateways, timeouts, dropped
 connections) with capped, jittered exponential backoff that defers to the server's `Retry-After`.
-Everything else becomes a `ModelError` carrying the provider's status and message.
+Everything else becomes a `ModelError` carrying the provider's status and message. Each attempt
+passes through the provider's budget (gateway/agents/models/budget.py): it waits for room, and a
+429 pauses every call to the provider.
 
 Tool-call arguments that are not a JSON object do not fail the turn: the call is kept with the raw text
 under `RAW_ARGUMENTS_KEY`, so the tool layer rejects the arguments like any other invalid ones and the
@@ -15,19 +17,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import httpx
+import orjson
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_random_exponential
 
 from gateway.agents.models.base import ModelError, ToolSpec
+from gateway.agents.models.budget import Grant, ProviderBudget, estimate_tokens
+from gateway.agents.models.wire import (
+    RETRYABLE_ERRORS,
+    RETRYABLE_STATUSES,
+    error_message,
+    excerpt,
+    retry_after,
+)
 from gateway.domain.messages import Message, Role, ToolCall
 from gateway.http_client import http_client
 
@@ -43,16 +51,8 @@ logger = structlog.get_logger(__name__)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 PROVIDER = "openai"
-RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Under this key a tool call keeps arguments that were not a JSON object, for the tool layer to reject.
 RAW_ARGUMENTS_KEY = "__raw_arguments__"
-# Network failures worth another attempt; a bad URL or proxy set-up (other TransportErrors) is not.
-_RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-)
-_EXCERPT = 300
 
 
 class AgentLike(Protocol):
@@ -81,7 +81,8 @@ class OpenAIChatModel:
     left open), or one it creates on first use and closes in `aclose()`. `timeout` applies to each
     attempt; `max_retries` counts retries after the first attempt. `backoff_base` and `backoff_max`
     shape the full-jitter backoff, `retry_after_max` caps a server's `Retry-After`, and `sleep` is the
-    awaitable used to wait, so tests can record delays instead of waiting them.
+    awaitable used to wait, so tests can record delays instead of waiting them. `budget` is the
+    provider's (shared by its models); without one, calls are unlimited.
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class OpenAIChatModel:
         backoff_max: float = 8.0,
         retry_after_max: float = 60.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        budget: ProviderBudget | None = None,
     ) -> None:
         if not model:
             raise ValueError("model name must not be empty")
@@ -112,6 +114,7 @@ class OpenAIChatModel:
         self._backoff = wait_random_exponential(multiplier=backoff_base, max=backoff_max)
         self._retry_after_max = retry_after_max
         self._sleep = sleep
+        self.budget = budget or ProviderBudget(PROVIDER, sleep=sleep)
 
     def __repr__(self) -> str:  # never shows the api key
         return f"OpenAIChatModel(model={self.model!r}, base_url={self.base_url!r})"
@@ -130,8 +133,11 @@ class OpenAIChatModel:
         self, agent: AgentLike, history: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Message:
         """Send the agent's instructions, the history and the tools; return the reply as a MODEL message."""
-        response = await self._post_with_retries(self.build_request(agent, history, tools))
-        return self._parse_reply(response, agent)
+        response, grant = await self._post_with_retries(self.build_request(agent, history, tools))
+        reply, data = self._parse_reply(response, agent)
+        if (used := _total_tokens(data)) is not None:
+            self.budget.spend(grant, used)
+        return reply
 
     def build_request(
         self, agent: AgentLike, history: Sequence[Message], tools: Sequence[ToolSpec]
@@ -147,13 +153,13 @@ class OpenAIChatModel:
             body["tools"] = [_wire_tool(tool) for tool in tools]
         return body
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> httpx.Response:
+    async def _post_with_retries(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant]:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=self._wait,
-            retry=retry_if_exception_type((_RetryableStatus, *_RETRYABLE_ERRORS)),
+            retry=retry_if_exception_type((_RetryableStatus, *RETRYABLE_ERRORS)),
             before_sleep=self._log_retry,
-            sleep=self._sleep,
+            sleep=self._backoff_sleep,
             reraise=True,
         )
         attempts = self.max_retries + 1
@@ -162,39 +168,57 @@ class OpenAIChatModel:
                 with attempt:
                     return await self._post_once(body)
         except _RetryableStatus as exc:
-            raise ModelError(exc.message, status=exc.status, provider=PROVIDER) from None
+            raise ModelError(exc.message, status=exc.status, provider=PROVIDER, transient=True) from None
         except httpx.TimeoutException as exc:
             raise ModelError(
                 f"{PROVIDER} model {self.model!r} at {self.url} did not answer within {self.timeout}s "
                 f"({attempts} attempt{'s' if attempts > 1 else ''})",
                 provider=PROVIDER,
+                transient=True,
             ) from exc
         except httpx.TransportError as exc:
             raise ModelError(
                 f"{PROVIDER} model {self.model!r} at {self.url} could not be reached: "
                 f"{type(exc).__name__}: {exc}",
                 provider=PROVIDER,
+                transient=isinstance(exc, RETRYABLE_ERRORS),
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
-    async def _post_once(self, body: dict[str, Any]) -> httpx.Response:
+    async def _post_once(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant]:
         if self._client is None:
             self._client = http_client(self.timeout)
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        response = await self._client.post(self.url, json=body, headers=headers, timeout=self.timeout)
-        if response.is_success:
-            return response
-        message = _error_message(response)
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        content = orjson.dumps(body)
+        async with self.budget.call(estimate_tokens(len(content))) as grant:
+            response = await self._client.post(
+                self.url, content=content, headers=headers, timeout=self.timeout
+            )
+            if response.is_success:
+                return response, grant
+        message = error_message(response)
+        wait = retry_after(response.headers)
+        if response.status_code == 429:
+            self.budget.pause(None if wait is None else min(wait, self._retry_after_max))
         if response.status_code in RETRYABLE_STATUSES:
-            raise _RetryableStatus(response.status_code, message, _retry_after(response.headers))
+            raise _RetryableStatus(response.status_code, message, wait)
         raise ModelError(message, status=response.status_code, provider=PROVIDER)
 
     def _wait(self, state: RetryCallState) -> float:
-        """The server's Retry-After when it gave one (capped), else jittered exponential backoff."""
+        """The server's Retry-After when it gave one (capped), else jittered exponential backoff; none
+        after a 429, whose pause of the whole provider holds the retry in the budget."""
         error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, _RetryableStatus) and error.status == 429:
+            return 0.0
         if isinstance(error, _RetryableStatus) and error.retry_after is not None:
             return min(error.retry_after, self._retry_after_max)
         return self._backoff(state)
+
+    async def _backoff_sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await self._sleep(seconds)
 
     def _log_retry(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -205,10 +229,16 @@ class OpenAIChatModel:
             status=error.status if isinstance(error, _RetryableStatus) else None,
             error=None if isinstance(error, _RetryableStatus) else type(error).__name__,
             attempt=state.attempt_number,
-            delay=round(state.next_action.sleep, 3) if state.next_action else None,
+            delay=round(self._retry_delay(error, state), 3),
         )
 
-    def _parse_reply(self, response: httpx.Response, agent: AgentLike) -> Message:
+    def _retry_delay(self, error: BaseException | None, state: RetryCallState) -> float:
+        if isinstance(error, _RetryableStatus) and error.status == 429:
+            return self.budget.paused_for()
+        return state.next_action.sleep if state.next_action else 0.0
+
+    def _parse_reply(self, response: httpx.Response, agent: AgentLike) -> tuple[Message, Any]:
+        """The reply as a MODEL message, and the answer's JSON (for its usage)."""
         try:
             data = response.json()
         except ValueError:
@@ -226,16 +256,17 @@ class OpenAIChatModel:
             tool_calls = [_parse_tool_call(raw) for raw in raw_calls]
         except (KeyError, TypeError) as exc:
             raise self._malformed(response, f"invalid tool call: {type(exc).__name__} {exc}") from None
-        return Message(
+        reply = Message(
             role=Role.MODEL,
             content=_parse_content(message.get("content")),
             tool_calls=tool_calls,
             agent_name=agent.name,
         )
+        return reply, data
 
     def _malformed(self, response: httpx.Response, why: str) -> ModelError:
         return ModelError(
-            f"{PROVIDER} model {self.model!r} sent a malformed reply ({why}): {_excerpt(response.text)}",
+            f"{PROVIDER} model {self.model!r} sent a malformed reply ({why}): {excerpt(response.text)}",
             provider=PROVIDER,
         )
 
@@ -247,12 +278,15 @@ def openai_model_from_spec(
     api_key: str | None,
     timeout: float = 60.0,
     client: httpx.AsyncClient | None = None,
+    budget: ProviderBudget | None = None,
 ) -> OpenAIChatModel:
     """Build the model named by a setting such as `openai:gpt-4o-mini` (the base URL picks the server)."""
     prefix, sep, model = spec.strip().partition(":")
     if prefix != "openai" or not sep or not model.strip():
         raise ValueError(f"expected a model spec of the form 'openai:<model>', got {spec!r}")
-    return OpenAIChatModel(model.strip(), base_url or DEFAULT_BASE_URL, api_key, timeout, client=client)
+    return OpenAIChatModel(
+        model.strip(), base_url or DEFAULT_BASE_URL, api_key, timeout, client=client, budget=budget
+    )
 
 
 def _wire_message(message: Message) -> dict[str, Any]:
@@ -315,53 +349,8 @@ def _parse_content(content: Any) -> str | None:
     return str(content)
 
 
-def _error_message(response: httpx.Response) -> str:
-    """The provider's own error message when the body has one, else an excerpt of the body."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, list) and body:  # Gemini's compatible endpoint wraps the error in a list
-        body = body[0]
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])
-        if isinstance(error, str):  # Ollama and some proxies: {"error": "..."}
-            return error
-        if isinstance(body.get("message"), str):
-            return str(body["message"])
-    return _excerpt(response.text) or response.reason_phrase or "no error message"
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    """Seconds to wait from `retry-after-ms` (OpenAI, Azure) or `Retry-After` (seconds or HTTP date)."""
-    if (millis := _seconds(headers.get("retry-after-ms"))) is not None:
-        return millis / 1000
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    if (seconds := _seconds(value)) is not None:
-        return seconds
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def _seconds(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _excerpt(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
+def _total_tokens(data: Any) -> int | None:
+    """`usage.total_tokens` of a successful answer, when the server counts them."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    total = usage.get("total_tokens") if isinstance(usage, dict) else None
+    return total if isinstance(total, int) else None
