@@ -22,6 +22,7 @@ from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.budget import ProviderBudget
 from gateway.agents.models.registry import ModelFactory, model_factory
 from gateway.domain.inbound import MessageKind
+from gateway.domain.usage import Price
 from gateway.errors import SettingsError
 from gateway.http_client import http_client
 from gateway.platforms import local_key
@@ -262,6 +263,11 @@ def build_models(settings: Settings, http: httpx.AsyncClient | None = None) -> M
         http=http,
         budgets=build_budgets(settings),
     )
+
+
+def model_prices(settings: Settings) -> dict[str, Price]:
+    """GATEWAY_MODEL_PRICES as prices by model spec (the settings checked their shape)."""
+    return {model: Price(*pair) for model, pair in settings.model_prices.items()}
 
 
 def build_budgets(settings: Settings) -> dict[str, ProviderBudget]:

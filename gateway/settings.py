@@ -13,6 +13,7 @@ the app pass the registry's).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -95,6 +96,11 @@ class Settings(BaseSettings):
         default=0, ge=0, description="Requests per minute to that server, spaced evenly (0 = unlimited)."
     )
     openai_tpm: int = Field(default=0, ge=0, description="Tokens per minute to that server (0 = unlimited).")
+    model_prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="US dollars per million input and output tokens, by model spec, for the estimated "
+        'cost of usage: {"openai:gpt-4o-mini": [0.15, 0.6]} (JSON in the environment).',
+    )
     max_turns_in_flight: int = Field(
         default=2000,
         ge=1,
@@ -196,6 +202,14 @@ class Settings(BaseSettings):
         description="How long a reply is retried after transient failures (network, 5xx, 429) before "
         "it is dead (listed and retried by operators); permanent refusals fail at once.",
     )
+
+    @field_validator("model_prices")
+    @classmethod
+    def _check_prices(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for model, pair in value.items():
+            if not all(math.isfinite(price) and price >= 0 for price in pair):
+                raise ValueError(f"the prices of {model!r} must be finite and 0 or more")
+        return value
 
     @field_validator("model")
     @classmethod

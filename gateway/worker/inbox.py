@@ -27,6 +27,7 @@ from gateway.domain.inbound import InboundMessage
 from gateway.domain.messages import utcnow
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.domain.text import split_message
+from gateway.domain.usage import ModelStats, TurnUsage, turn_usage
 from gateway.platforms.registry import PLATFORMS
 from gateway.platforms.spec import PlatformSpec, message_target
 from gateway.store import inbox, outbox
@@ -78,6 +79,7 @@ class InboxWorker:
         self.owner = owner or owner_id("in")
         self.patience = Patience(DEFAULT_MODEL_RETRY_SECONDS) if patience is None else patience
         self.holding_reply = holding_reply
+        self.model_stats = ModelStats()  # the committed turns' model usage, for /metrics
         self._sleep = sleep
         # Through lambdas, so the loop always calls the current methods (tests wrap them).
         self.loop = ClaimLoop(
@@ -126,9 +128,13 @@ class InboxWorker:
             if (value := getattr(message, key))
         }
 
+        usages: list[TurnUsage] = []
+
         def commit_with(new_messages: list[Message]) -> TurnCompletion:
+            nonlocal usages
             reply = new_messages[-1].content or ""
-            return TurnCompletion(row.id, self.owner, _replies(row, reply, self.reply_targets))
+            usages = turn_usage(new_messages)
+            return TurnCompletion(row.id, self.owner, _replies(row, reply, self.reply_targets), usages)
 
         self.before_turn(row.platform, _reply_target(row, self.reply_targets))
         try:
@@ -147,6 +153,7 @@ class InboxWorker:
             await self._failed(row, exc)
         else:
             log.info("turn_committed")
+            self.model_stats.record(usages)
             self.patience.recovered(row.session_id)
             self.on_committed()
         return False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
@@ -36,7 +37,7 @@ from gateway.agents.models.wire import (
     excerpt,
     retry_after,
 )
-from gateway.domain.messages import Message, Role, ToolCall
+from gateway.domain.messages import Message, ModelUsage, Role, ToolCall
 from gateway.http_client import http_client
 
 __all__ = [
@@ -120,6 +121,11 @@ class OpenAIChatModel:
         return f"OpenAIChatModel(model={self.model!r}, base_url={self.base_url!r})"
 
     @property
+    def spec(self) -> str:
+        """The model as a spec string: how usage and metrics name it."""
+        return f"{PROVIDER}:{self.model}"
+
+    @property
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
 
@@ -133,10 +139,12 @@ class OpenAIChatModel:
         self, agent: AgentLike, history: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Message:
         """Send the agent's instructions, the history and the tools; return the reply as a MODEL message."""
-        response, grant = await self._post_with_retries(self.build_request(agent, history, tools))
+        response, grant, seconds = await self._post_with_retries(self.build_request(agent, history, tools))
         reply, data = self._parse_reply(response, agent)
-        if (used := _total_tokens(data)) is not None:
-            self.budget.spend(grant, used)
+        input_tokens, output_tokens = _tokens(data)
+        if input_tokens or output_tokens:
+            self.budget.spend(grant, input_tokens + output_tokens)
+        reply.usage = ModelUsage(self.spec, input_tokens, output_tokens, seconds)
         return reply
 
     def build_request(
@@ -153,7 +161,7 @@ class OpenAIChatModel:
             body["tools"] = [_wire_tool(tool) for tool in tools]
         return body
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant]:
+    async def _post_with_retries(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant, float]:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.max_retries + 1),
             wait=self._wait,
@@ -185,7 +193,8 @@ class OpenAIChatModel:
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
-    async def _post_once(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant]:
+    async def _post_once(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant, float]:
+        """One attempt: the answer, its budget grant and its seconds (from the request's start)."""
         if self._client is None:
             self._client = http_client(self.timeout)
         headers = {"Content-Type": "application/json"}
@@ -193,11 +202,12 @@ class OpenAIChatModel:
             headers["Authorization"] = f"Bearer {self._api_key}"
         content = orjson.dumps(body)
         async with self.budget.call(estimate_tokens(len(content))) as grant:
+            started = time.perf_counter()
             response = await self._client.post(
                 self.url, content=content, headers=headers, timeout=self.timeout
             )
             if response.is_success:
-                return response, grant
+                return response, grant, time.perf_counter() - started
         message = error_message(response)
         wait = retry_after(response.headers)
         if response.status_code == 429:
@@ -349,8 +359,13 @@ def _parse_content(content: Any) -> str | None:
     return str(content)
 
 
-def _total_tokens(data: Any) -> int | None:
-    """`usage.total_tokens` of a successful answer, when the server counts them."""
+def _tokens(data: Any) -> tuple[int, int]:
+    """`usage.prompt_tokens` and `completion_tokens` of a successful answer (0 where not counted)."""
     usage = data.get("usage") if isinstance(data, dict) else None
-    total = usage.get("total_tokens") if isinstance(usage, dict) else None
-    return total if isinstance(total, int) else None
+    if not isinstance(usage, dict):
+        return 0, 0
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0

@@ -96,6 +96,8 @@ class ScriptedModel:
     def __repr__(self) -> str:
         return f"ScriptedModel(rules={len(self.rules)})"
 
+    spec = "scripted"  # how usage and metrics name it
+
     async def respond(self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]) -> Message:
         user_text, since_user = _last_user_turn(history)
         available = {t.name for t in tools}
