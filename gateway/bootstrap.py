@@ -17,10 +17,11 @@ from typing import Any
 
 import httpx
 import structlog
+from pydantic import SecretStr
 
 from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.budget import ProviderBudget
-from gateway.agents.models.registry import ModelFactory, model_factory
+from gateway.agents.models.registry import Endpoint, ModelFactory, model_factory
 from gateway.domain.inbound import MessageKind
 from gateway.domain.usage import Price
 from gateway.errors import SettingsError
@@ -255,14 +256,21 @@ def build_runner(settings: Settings, database: Database, http: httpx.AsyncClient
 
 
 def build_models(settings: Settings, http: httpx.AsyncClient | None = None) -> ModelFactory:
-    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
     return model_factory(
         settings.model,
         openai_base_url=settings.openai_base_url,
-        openai_api_key=key,
+        openai_api_key=_secret(settings.openai_api_key),
         http=http,
         budgets=build_budgets(settings),
+        endpoints={
+            "anthropic": Endpoint(settings.anthropic_base_url, _secret(settings.anthropic_api_key)),
+            "gemini": Endpoint(settings.gemini_base_url, _secret(settings.gemini_api_key)),
+        },
     )
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
 
 
 def model_prices(settings: Settings) -> dict[str, Price]:
@@ -273,10 +281,11 @@ def model_prices(settings: Settings) -> dict[str, Price]:
 def build_budgets(settings: Settings) -> dict[str, ProviderBudget]:
     """Each model provider's budget (GATEWAY_<PROVIDER>_MAX_CONCURRENCY, _RPM, _TPM)."""
     return {
-        "openai": ProviderBudget(
-            "openai",
-            max_concurrency=settings.openai_max_concurrency,
-            rpm=settings.openai_rpm,
-            tpm=settings.openai_tpm,
+        provider: ProviderBudget(
+            provider,
+            max_concurrency=getattr(settings, f"{provider}_max_concurrency"),
+            rpm=getattr(settings, f"{provider}_rpm"),
+            tpm=getattr(settings, f"{provider}_tpm"),
         )
+        for provider in ("openai", "anthropic", "gemini")
     }

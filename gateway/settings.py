@@ -96,6 +96,24 @@ class Settings(BaseSettings):
         default=0, ge=0, description="Requests per minute to that server, spaced evenly (0 = unlimited)."
     )
     openai_tpm: int = Field(default=0, ge=0, description="Tokens per minute to that server (0 = unlimited).")
+    anthropic_base_url: str = Field(
+        default="https://api.anthropic.com", description="Base URL of Anthropic's Messages API."
+    )
+    anthropic_api_key: SecretStr | None = Field(default=None, description="Anthropic API key (x-api-key).")
+    anthropic_max_concurrency: int = Field(
+        default=0, ge=0, description="Anthropic calls in flight (0 = unlimited)."
+    )
+    anthropic_rpm: int = Field(default=0, ge=0, description="Anthropic requests per minute (0 = unlimited).")
+    anthropic_tpm: int = Field(default=0, ge=0, description="Anthropic tokens per minute (0 = unlimited).")
+    gemini_base_url: str = Field(
+        default="https://generativelanguage.googleapis.com/v1beta", description="Base URL of the Gemini API."
+    )
+    gemini_api_key: SecretStr | None = Field(default=None, description="Gemini API key (x-goog-api-key).")
+    gemini_max_concurrency: int = Field(
+        default=0, ge=0, description="Gemini calls in flight (0 = unlimited)."
+    )
+    gemini_rpm: int = Field(default=0, ge=0, description="Gemini requests per minute (0 = unlimited).")
+    gemini_tpm: int = Field(default=0, ge=0, description="Gemini tokens per minute (0 = unlimited).")
     model_prices: dict[str, tuple[float, float]] = Field(
         default_factory=dict,
         description="US dollars per million input and output tokens, by model spec, for the estimated "
@@ -214,14 +232,15 @@ class Settings(BaseSettings):
     @field_validator("model")
     @classmethod
     def _check_model(cls, value: str) -> str:
-        if value == "scripted" or (value.startswith("openai:") and len(value) > len("openai:")):
+        provider, _, name = value.partition(":")
+        if value == "scripted" or (provider in ("openai", "anthropic", "gemini") and name):
             return value
-        raise ValueError("must be 'scripted' or 'openai:<model>'")
+        raise ValueError("must be 'scripted', 'openai:<model>', 'anthropic:<model>' or 'gemini:<model>'")
 
     # The platforms' settings groups (GATEWAY_TELEGRAM_*, ...), loaded with these settings: see `group`.
     _groups: dict[str, BaseSettings] = PrivateAttr(default_factory=dict)
 
-    @field_validator("openai_api_key", "admin_token", mode="before")
+    @field_validator("openai_api_key", "anthropic_api_key", "gemini_api_key", "admin_token", mode="before")
     @classmethod
     def _empty_key_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -240,7 +259,7 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("openai_base_url")
+    @field_validator("openai_base_url", "anthropic_base_url", "gemini_base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):

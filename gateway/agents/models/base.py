@@ -37,7 +37,8 @@ class ModelError(GatewayError):
     """A model provider refused or failed a request; carries its HTTP status and message when known.
 
     `transient`: the provider may well answer later (timeout, 429, 5xx, connection), so the turn is
-    worth waiting for; `permanent`: asking again cannot help (a 4xx such as 400, 401, 404).
+    worth waiting for; `permanent`: asking again cannot help (a 4xx such as 400, 401, 404, or a
+    redirect, which is never followed).
     """
 
     def __init__(
@@ -56,4 +57,6 @@ class ModelError(GatewayError):
 
     @property
     def permanent(self) -> bool:
-        return not self.transient and self.status is not None and 400 <= self.status < 500
+        return (
+            not self.transient and self.status is not None and 300 <= self.status < 500
+        )  # 3xx: never followed
