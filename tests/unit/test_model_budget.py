@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from gateway.agents.models.breaker import OPEN_AFTER, ProviderDown
 from gateway.agents.models.budget import DEFAULT_429_PAUSE_SECONDS, ProviderBudget, estimate_tokens
 
 
@@ -123,3 +124,41 @@ def test_limits_are_checked_and_tokens_estimated() -> None:
         ProviderBudget("test", rpm=-1)
     assert estimate_tokens(0) == 1
     assert estimate_tokens(4000) == 1000
+
+
+async def test_a_provider_that_keeps_failing_is_held_back_then_probed() -> None:
+    time = FakeTime()
+    limited = budget(time)
+    for _ in range(OPEN_AFTER):
+        async with limited.call():
+            limited.breaker.failed()
+    with pytest.raises(ProviderDown):  # open: no call goes out
+        async with limited.call():
+            pass
+    time.now += 1.0  # the first cooldown
+    async with limited.call():  # the probe
+        with pytest.raises(ProviderDown):  # while it runs, the others still fail fast
+            async with limited.call():
+                pass
+        limited.breaker.failed()
+    time.now += 1.0
+    with pytest.raises(ProviderDown):  # the failed probe doubled the cooldown
+        async with limited.call():
+            pass
+    time.now += 1.0
+    async with limited.call():
+        limited.breaker.succeeded()
+    for _ in range(3):
+        async with limited.call():  # closed again: calls go
+            pass
+    assert not limited.breaker.open
+
+
+async def test_answers_between_failures_keep_the_breaker_closed() -> None:
+    limited = ProviderBudget("test")
+    for _ in range(3 * OPEN_AFTER):
+        async with limited.call():
+            limited.breaker.failed()
+        async with limited.call():
+            limited.breaker.succeeded()
+    assert not limited.breaker.open

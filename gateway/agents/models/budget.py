@@ -4,7 +4,8 @@ Every call to one provider (whatever the model or agent) passes through its `Pro
 a budget is full the call waits rather than fails, and waiters are admitted first come, first
 served: admission goes through one FIFO lock, so a later call never overtakes an earlier one (and
 the conversations, each with at most one turn in flight, keep their order). A 429 pauses the whole
-provider until its `Retry-After`, so one refusal slows every call instead of each learning it alone.
+provider until its `Retry-After`, so one refusal slows every call instead of each learning it alone;
+a provider that keeps failing opens its breaker (gateway/agents/models/breaker.py).
 
 Requests per minute are spaced evenly (one every 60/RPM s), which stays under the limit whether
 the provider counts in a sliding minute or refills a token bucket. Tokens per minute are counted
@@ -20,6 +21,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+
+from gateway.agents.models.breaker import Breaker
 
 __all__ = ["DEFAULT_429_PAUSE_SECONDS", "Grant", "ProviderBudget", "estimate_tokens"]
 
@@ -70,6 +73,7 @@ class ProviderBudget:
         self.in_flight = 0
         self.max_in_flight = 0  # the most calls in flight at once so far (benchmarks, /metrics)
         self.waiting = 0
+        self.breaker = Breaker(clock)  # fails calls fast while the provider keeps failing
 
     def __repr__(self) -> str:
         limits = f"max_concurrency={self.max_concurrency}, rpm={self.rpm}, tpm={self.tpm}"
@@ -81,13 +85,19 @@ class ProviderBudget:
         self.waiting += 1
         try:
             async with self._admission:
-                if self._slots is not None:
-                    await self._slots.acquire()
+                probe = self.breaker.admit()  # ProviderDown while it keeps failing
                 try:
-                    grant = await self._admit(tokens)
-                except BaseException:
                     if self._slots is not None:
-                        self._slots.release()
+                        await self._slots.acquire()
+                    try:
+                        grant = await self._admit(tokens)
+                    except BaseException:
+                        if self._slots is not None:
+                            self._slots.release()
+                        raise
+                except BaseException:
+                    if probe:
+                        self.breaker.probe_ended()
                     raise
         finally:
             self.waiting -= 1
@@ -97,6 +107,8 @@ class ProviderBudget:
             yield grant
         finally:
             self.in_flight -= 1
+            if probe:
+                self.breaker.probe_ended()  # no-op once succeeded() or failed() gave the verdict
             if self._slots is not None:
                 self._slots.release()
 

@@ -22,6 +22,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from tenacity.wait import wait_random_exponential
 
 from gateway.agents.models.base import ModelError, ToolSpec
+from gateway.agents.models.breaker import ProviderDown
 from gateway.agents.models.budget import Grant, ProviderBudget, estimate_tokens
 from gateway.agents.models.wire import (
     RETRYABLE_ERRORS,
@@ -178,6 +179,8 @@ class HttpChatModel:
                     return await self._post_once(body)
         except _RetryableStatus as exc:
             raise ModelError(exc.message, status=exc.status, provider=self.PROVIDER, transient=True) from None
+        except ProviderDown as exc:
+            raise ModelError(f"{self.PROVIDER}: {exc}", provider=self.PROVIDER, transient=True) from None
         except httpx.TimeoutException as exc:
             raise ModelError(
                 f"{self.PROVIDER} model {self.model!r} at {self.url} did not answer within {self.timeout}s "
@@ -200,11 +203,20 @@ class HttpChatModel:
             self._client = http_client(self.timeout)
         headers = {"Content-Type": "application/json", **self.headers(self._api_key)}
         content = orjson.dumps(body)
+        breaker = self.budget.breaker
         async with self.budget.call(estimate_tokens(len(content))) as grant:
             started = time.perf_counter()
-            response = await self._client.post(
-                self.url, content=content, headers=headers, timeout=self.timeout, follow_redirects=False
-            )
+            try:
+                response = await self._client.post(
+                    self.url, content=content, headers=headers, timeout=self.timeout, follow_redirects=False
+                )
+            except RETRYABLE_ERRORS:
+                breaker.failed()
+                raise
+            if response.status_code in RETRYABLE_STATUSES and response.status_code != 429:
+                breaker.failed()
+            else:
+                breaker.succeeded()  # it answered: a refusal or a 429 is no outage
             if response.is_success:
                 return response, grant, time.perf_counter() - started
         message = error_message(response)
