@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
 from sqlalchemy import select
 
 from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ModelError, ToolSpec
+from gateway.agents.models.budget import Grant, ProviderBudget
+from gateway.agents.models.openai_compat import OpenAIChatModel
 from gateway.store import migrations
 from gateway.store.database import Database
 from gateway.store.tables import InboxRow, OutboxRow
@@ -189,3 +192,64 @@ async def test_a_waiting_turn_keeps_its_lease_and_gives_it_back_when_cancelled(
 
     assert await table(database, select(InboxRow.status, InboxRow.lease_owner)) == [("pending", None)]
     assert [row.id for row in await other.claim(10)] != []
+
+
+class WatchedBudget(ProviderBudget):
+    """A budget that says when a call arrives at it."""
+
+    def __init__(self, name: str, **limits: int) -> None:
+        super().__init__(name, **limits)
+        self.arrived = asyncio.Event()
+
+    @asynccontextmanager
+    async def call(self, tokens: int = 1) -> AsyncIterator[Grant]:
+        self.arrived.set()
+        async with super().call(tokens) as grant:
+            yield grant
+
+
+async def test_a_turn_waiting_for_its_provider_budget_keeps_its_lease(
+    setup: tuple[Database, Runner, Flaky],
+) -> None:
+    """A turn queued behind a full provider budget holds its row (renewed by the heartbeat, here six
+    times: two leases) and hands it back when cancelled; the call it waited for was never made."""
+    database, _, _ = setup
+    await add_rows(database, [("telegram:1", "telegram:1/a")])
+    budget = WatchedBudget("openai", max_concurrency=1)
+    model = OpenAIChatModel("gpt-test", "http://127.0.0.1:9/v1", budget=budget)  # never reached
+    store = SQLSessionStore(database)
+    runner = Runner(Agent("Echo", "e", model=model), store)
+    worker = InboxWorker(database, runner, lease_seconds=0.5, owner="patient")
+    other = InboxWorker(database, runner, lease_seconds=0.5, owner="other")
+    renewals = 0
+    two_leases = asyncio.Event()
+    renew = worker.loop.renew
+
+    async def counted(ids: list[int]) -> set[int]:
+        nonlocal renewals
+        held = await renew(ids)
+        renewals += 1
+        if renewals >= 6:
+            two_leases.set()
+        return held
+
+    worker.loop.renew = counted
+    try:
+        async with budget.call():  # another call holds the only slot
+            budget.arrived.clear()
+            running = asyncio.create_task(worker.run())
+            async with asyncio.timeout(30):
+                await budget.arrived.wait()  # the turn reached the budget
+                await two_leases.wait()
+            assert budget.waiting == 1
+            assert await other.claim(10) == []
+            assert await table(database, select(InboxRow.lease_owner)) == [("patient",)]
+            running.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await running
+    finally:
+        await model.aclose()
+        await store.aclose()
+
+    assert await table(database, select(InboxRow.status, InboxRow.lease_owner)) == [("pending", None)]
+    assert budget.in_flight == budget.waiting == 0
