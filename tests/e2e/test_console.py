@@ -642,5 +642,5 @@ def test_a_session_and_the_usage_view_show_model_usage(console: Console, page: P
     expect(rows).to_have_count(1)  # today, the scripted model
     cells = rows.first.locator("td").all_text_contents()
     assert cells[1] == "scripted"
-    assert cells[2] == "4"  # the four simulated turns
+    assert int(cells[2]) >= 4  # the four simulated turns, and any a retry made
     assert cells[8] == "n/a"  # no price for it
