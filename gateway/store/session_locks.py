@@ -1,9 +1,9 @@
 """Turns of one session, one at a time across processes: how each backend holds a session exclusively.
 
 PostgreSQL: a session-level advisory lock on a connection of its own (replicas share the server).
-An SQLite file: within the process, an asyncio lock per session; across processes, an flock on one
-of SQLITE_LOCK_BUCKETS files beside the database (every process that opens the file shares them),
-which the process holds while any of its sessions of that bucket is held. Sessions share a bucket by
+An SQLite file: an flock on one of SQLITE_LOCK_BUCKETS files beside the database (every process that
+opens the file shares them), which the process holds while any of its sessions of that bucket is held
+(within the process, the stores' per-session lock keeps a session's turns apart). Sessions share a bucket by
 chance, and a turn holds its session while its model answers: an flock per turn made the turns of
 one process whose sessions shared a bucket wait for each other (a whole model latency for 3 % of
 1,000 turns in flight with 16,384 buckets, 35 % with 1,024), and each such waiter blocked a thread
@@ -79,31 +79,22 @@ def _bucket(session_id: str) -> int:
 
 
 def _bucket_locks(lock_dir: Path) -> SessionLock:
-    """A session's asyncio lock (this process's turns of it queue there), then its bucket's flock,
-    shared by this process's sessions of the bucket (other processes wait for it)."""
-    sessions: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # session -> (its lock, [its users])
+    """The session's bucket's flock, shared by this process's sessions of the bucket (other processes
+    wait for it). The caller holds the session within the process (the stores' per-session lock)."""
     buckets: dict[int, _SharedFlock] = {}
 
     @asynccontextmanager
     async def lock(session_id: str) -> AsyncIterator[None]:
-        own, users = sessions.setdefault(session_id, (asyncio.Lock(), [0]))
-        users[0] += 1
+        bucket = _bucket(session_id)
+        shared = buckets.get(bucket)
+        if shared is None:
+            shared = buckets[bucket] = _SharedFlock(lock_dir / f"{bucket}.lock")
         try:
-            async with own:
-                bucket = _bucket(session_id)
-                shared = buckets.get(bucket)
-                if shared is None:
-                    shared = buckets[bucket] = _SharedFlock(lock_dir / f"{bucket}.lock")
-                try:
-                    await shared.acquire()
-                    yield
-                finally:
-                    if shared.release():
-                        del buckets[bucket]
+            await shared.acquire()
+            yield
         finally:
-            users[0] -= 1
-            if not users[0]:
-                del sessions[session_id]
+            if shared.release():
+                del buckets[bucket]
 
     return lock
 
