@@ -116,8 +116,11 @@ class InboxWorker:
     async def process(self, row: ClaimedMessage) -> None:
         """Run the row's turn; after a transient model failure, again, until it commits or gives up."""
         with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
-            while await self._try(row):
-                pass
+            try:
+                while await self._try(row):
+                    pass
+            finally:  # done with the row, whatever the outcome: the conversation's outage ends
+                self.patience.ended(row.session_id)
 
     async def _try(self, row: ClaimedMessage) -> bool:
         """One try of the row's turn: True when it is worth another (after the wait it did)."""
@@ -154,7 +157,6 @@ class InboxWorker:
         else:
             log.info("turn_committed")
             self.model_stats.record(usages)
-            self.patience.recovered(row.session_id)
             self.on_committed()
         return False
 
@@ -163,7 +165,6 @@ class InboxWorker:
         once the outage lasted the patience, give the row up (dead)."""
         outage = self.patience.failed(row.session_id)
         if self.patience.gives_up(outage):
-            self.patience.exhausted(row.session_id)
             await self._failed(row, exc, dead=True)
             return False
         if self.patience.holding_due(outage):

@@ -5,8 +5,9 @@ A turn whose model failed transiently (timeout, 429, 5xx, connection: `ModelErro
 again in its own task, which keeps its inbox row's lease (the claim loop's heartbeat renews it), so the
 conversation's later messages wait behind it, in order. It gives up (the row is dead) once the
 conversation's outage has lasted `retry_seconds`. After `holding_after_seconds` of outage, the user gets
-one holding reply; an outage of a conversation ends with its next committed turn, so the reply goes
-out at most once per outage, whichever of its messages waited. Outages are known to this process
+one holding reply; an outage of a conversation ends when the worker is done with the waiting row
+(committed, or dead), and later messages waited behind that row, so the reply goes out at most once
+per outage. Outages are known to this process
 only: after a restart the count starts again.
 """
 
@@ -54,12 +55,9 @@ class Patience:
         outage.failures += 1
         return outage
 
-    def recovered(self, session_id: str) -> None:
-        """A turn of the conversation committed: its outage, if any, is over."""
-        self._outages.pop(session_id, None)
-
-    def exhausted(self, session_id: str) -> None:
-        """The turn gave up: the next message of the conversation starts a patience of its own."""
+    def ended(self, session_id: str) -> None:
+        """The worker is done with a row of the conversation (committed, dead, or another's now): its
+        outage, if any, is over; the next message starts a patience of its own."""
         self._outages.pop(session_id, None)
 
     def elapsed(self, outage: Outage) -> float:
