@@ -133,7 +133,9 @@ def _wait_ready(server: Server, probe: urllib.request.Request) -> None:
     raise SystemExit(f"{server.name} was not ready within {START_TIMEOUT:.0f} s:\n{server.log_tail()}")
 
 
-def start_gateway(workdir: Path, api_base: str) -> Server:
+def start_gateway(workdir: Path, api_base: str, model_url: str | None = None) -> Server:
+    """`model_url`: a fake OpenAI-compatible server the turns call (model_latency.py's), else the
+    scripted demo agent."""
     port = free_port()
     env = clean_env() | {
         "GATEWAY_TELEGRAM_SECRET_TOKEN": SECRET,
@@ -142,6 +144,13 @@ def start_gateway(workdir: Path, api_base: str) -> Server:
         "GATEWAY_LOG_LEVEL": "warning",
         "GATEWAY_LOG_FORMAT": "json",
     }
+    if model_url is not None:
+        env |= {
+            "GATEWAY_MODEL": "openai:fake-model",
+            "GATEWAY_OPENAI_BASE_URL": f"{model_url}/v1",
+            "GATEWAY_AGENT": "model_agent:agent",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+        }
     gateway = Path(sys.executable).parent / "gateway"
     server = start_process(
         "gateway",
@@ -415,10 +424,25 @@ def measure(args: argparse.Namespace) -> Results:
         workdir = Path(tmp)
         log("starting gateway serve and the bare app ...")
         api = FakeBotAPI()
+        model = None
         try:
-            gateway = start_gateway(workdir, api.base)
+            if args.model_latency is not None:
+                import model_latency  # the fake model server (imports this module: not at the top)
+
+                model = model_latency.start_fake(workdir, "fake-model", "model_latency:fake_model")
+                urllib.request.urlopen(
+                    urllib.request.Request(
+                        f"{model.url}/_bench/configure",
+                        data=json.dumps({"latency": args.model_latency}).encode(),
+                        method="POST",
+                    ),
+                    timeout=10,
+                ).close()
+            gateway = start_gateway(workdir, api.base, None if model is None else model.url)
         except BaseException:
             api.close()
+            if model is not None:
+                model.stop()
             raise
         try:
             bare = start_bare(workdir)
@@ -461,6 +485,8 @@ def measure(args: argparse.Namespace) -> Results:
             log("stopping gateway serve (SIGTERM) ...")
             gateway_exit = gateway.stop()
             api.close()
+            if model is not None:
+                model.stop()
         database = workdir / "data" / "gateway.db"
         stored, statuses = inbox_update_ids(database)
         durability = check_durability(runs["gateway"], stored)
@@ -523,6 +549,12 @@ def _statuses(counts: dict[str, int]) -> str:
 
 
 def report(results: Results, args: argparse.Namespace) -> str:
+    agent = (
+        "the scripted demo agent"
+        if args.model_latency is None
+        else f"benchmarks/model_agent.py on GATEWAY_MODEL=openai:fake-model, a fake OpenAI-compatible "
+        f"server answering each call after {args.model_latency:g} s (`--model-latency`)"
+    )
     d = results.durability
     detail = [
         "| Server | run | acks/s | wrk requests/s | p99 | 200s | other statuses | socket errors | sent |",
@@ -560,7 +592,7 @@ rounds alternate which server goes first. Every request POSTs a Telegram text me
 `./data/gateway.db` in a temporary directory, GATEWAY_LOG_LEVEL=warning, GATEWAY_LOG_FORMAT=json. \
 Each 200 means the update's dedup key and inbox row were committed (group commit). Every update is a \
 text message, so each is stored `pending` and its in-process inbox worker runs an agent turn for it \
-(the demo agent) while the load goes on, and replies through a fake Bot API on loopback \
+({agent}) while the load goes on, and replies through a fake Bot API on loopback \
 (GATEWAY_TELEGRAM_API_BASE; every call succeeds) at the default pacing. At the stop the inbox held \
 {_statuses(results.inbox_statuses)} (warm-ups included: the backlog the worker had not reached yet is \
 `pending`); the fake API had answered {_statuses(results.api_calls)}.
@@ -592,6 +624,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connections", type=int, default=64, help="wrk connections (default 64)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2, at most 9)")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="markdown report to write")
+    parser.add_argument(
+        "--model-latency",
+        type=float,
+        default=None,
+        help="seconds: the turns call a fake OpenAI-compatible server answering after this long "
+        "(benchmarks/model_latency.py's) instead of the scripted demo agent",
+    )
     args = parser.parse_args(argv)
     if min(args.duration, args.warmup, args.rounds) < 1:
         parser.error("--duration, --warmup and --rounds must be at least 1")

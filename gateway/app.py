@@ -13,7 +13,14 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.bootstrap import Services, build_services, freeze_startup_objects, tune_interpreter, turn_kinds
+from gateway.bootstrap import (
+    Services,
+    build_services,
+    freeze_startup_objects,
+    model_prices,
+    tune_interpreter,
+    turn_kinds,
+)
 from gateway.logs import configure_logging
 from gateway.platforms.registry import PLATFORMS, settings_groups
 from gateway.platforms.spec import PlatformSpec
@@ -24,6 +31,7 @@ from gateway.web.admin import ADMIN_TOKEN_SETTING, Admin
 from gateway.web.admin import routes as admin_routes
 from gateway.web.admin_outbox import WAKE_DELIVERY
 from gateway.web.admin_outbox import routes as admin_outbox_routes
+from gateway.web.admin_usage import routes as admin_usage_routes
 from gateway.web.console import routes as console_routes
 from gateway.web.errors import EXCEPTION_HANDLERS
 from gateway.web.health import healthz, readyz
@@ -80,10 +88,11 @@ def create_app(
                 token=_secret(settings.admin_token),
                 starting_agent=services.worker.runner.starting_agent.name,
                 on_pending=services.worker.wake,
+                prices=model_prices(settings),
             )
             _log_admin(admin)
             claims = {"worker": services.worker.loop.health, "delivery": services.delivery.loop.health}
-            metrics.watch(claims)
+            metrics.watch(claims, services.worker.model_stats)
             yield {
                 "claims": claims,
                 "admin": admin,
@@ -109,6 +118,7 @@ def create_app(
             Route(WEBHOOK_PATH, handshake, methods=["GET"]),
             *admin_routes(),
             *admin_outbox_routes(),
+            *admin_usage_routes(),
             *console_routes(),
         ],
         middleware=[Middleware(RequestContextMiddleware, metrics=metrics)],

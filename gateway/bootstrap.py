@@ -17,10 +17,13 @@ from typing import Any
 
 import httpx
 import structlog
+from pydantic import SecretStr
 
 from gateway.agents import Agent, Runner, SQLSessionStore
-from gateway.agents.models.registry import ModelFactory, model_factory
+from gateway.agents.models.budget import ProviderBudget
+from gateway.agents.models.registry import Endpoint, ModelFactory, model_factory
 from gateway.domain.inbound import MessageKind
+from gateway.domain.usage import Price
 from gateway.errors import SettingsError
 from gateway.http_client import http_client
 from gateway.platforms import local_key
@@ -34,8 +37,10 @@ from gateway.worker.inbox import InboxWorker
 from gateway.worker.maintenance import purge_dedup_keys_periodically
 from gateway.worker.outbound import OutboxDelivery
 from gateway.worker.pacing import PacingLimits
+from gateway.worker.patience import Patience
 
-HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms (and the model providers)
+HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms
+MODEL_TIMEOUT_SECONDS = 60  # each attempt of a model call
 # The interpreter's GIL switch interval (5 ms by default): each statement of a commit releases the GIL
 # on the SQLite writer thread, which then waits for it while the event loop runs, up to a whole
 # interval per statement. 1 ms gave ~15% more acks/s.
@@ -56,6 +61,7 @@ class Services:
     worker: InboxWorker
     delivery: OutboxDelivery
     http: httpx.AsyncClient
+    model_http: httpx.AsyncClient  # the model providers' calls: as many connections as turns in flight
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self, *, webhooks: bool = True) -> None:
@@ -79,6 +85,7 @@ class Services:
         self.tasks.clear()
         await self.worker.runner.session_store.aclose()
         await self.http.aclose()
+        await self.model_http.aclose()
         await self.database.aclose()
 
 
@@ -98,7 +105,8 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
         timeout=settings.database_timeout_seconds,
         max_waiting=settings.max_queued_webhooks,
     )
-    runner = build_runner(settings, database, http)
+    model_http = http_client(MODEL_TIMEOUT_SECONDS, max_connections=settings.max_turns_in_flight)
+    runner = build_runner(settings, database, model_http)
     worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy, platforms=platforms)
     return Services(
         settings=settings,
@@ -108,6 +116,7 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
         worker=worker,
         delivery=delivery,
         http=http,
+        model_http=model_http,
     )
 
 
@@ -196,6 +205,9 @@ def build_worker(
         busy=busy,
         platforms=platforms,
         lease_seconds=settings.lease_seconds,
+        concurrency=settings.max_turns_in_flight,
+        patience=Patience(settings.model_retry_s, settings.holding_reply_after_s),
+        holding_reply=settings.holding_reply,
     )
     if settings.typing_indicator:
         worker.before_turn = delivery.indicate_typing
@@ -255,7 +267,36 @@ def build_runner(settings: Settings, database: Database, http: httpx.AsyncClient
 
 
 def build_models(settings: Settings, http: httpx.AsyncClient | None = None) -> ModelFactory:
-    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
     return model_factory(
-        settings.model, openai_base_url=settings.openai_base_url, openai_api_key=key, http=http
+        settings.model,
+        openai_base_url=settings.openai_base_url,
+        openai_api_key=_secret(settings.openai_api_key),
+        http=http,
+        budgets=build_budgets(settings),
+        endpoints={
+            "anthropic": Endpoint(settings.anthropic_base_url, _secret(settings.anthropic_api_key)),
+            "gemini": Endpoint(settings.gemini_base_url, _secret(settings.gemini_api_key)),
+        },
     )
+
+
+def _secret(value: SecretStr | None) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
+def model_prices(settings: Settings) -> dict[str, Price]:
+    """GATEWAY_MODEL_PRICES as prices by model spec (the settings checked their shape)."""
+    return {model: Price(*pair) for model, pair in settings.model_prices.items()}
+
+
+def build_budgets(settings: Settings) -> dict[str, ProviderBudget]:
+    """Each model provider's budget (GATEWAY_<PROVIDER>_MAX_CONCURRENCY, _RPM, _TPM)."""
+    return {
+        provider: ProviderBudget(
+            provider,
+            max_concurrency=getattr(settings, f"{provider}_max_concurrency"),
+            rpm=getattr(settings, f"{provider}_rpm"),
+            tpm=getattr(settings, f"{provider}_tpm"),
+        )
+        for provider in ("openai", "anthropic", "gemini")
+    }

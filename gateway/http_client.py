@@ -30,5 +30,7 @@ class _Transport(AiohttpTransport):
             raise
 
 
-def http_client(timeout: float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=_Transport(), timeout=timeout)
+def http_client(timeout: float, max_connections: int = 100) -> httpx.AsyncClient:
+    """`max_connections`: open at once, across hosts (a call beyond waits for one to free up)."""
+    limits = httpx.Limits(max_connections=max_connections)
+    return httpx.AsyncClient(transport=_Transport(limits=limits), timeout=timeout)

@@ -13,6 +13,7 @@ the app pass the registry's).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -88,6 +89,60 @@ class Settings(BaseSettings):
         description="Base URL of an OpenAI-compatible Chat Completions server.",
     )
     openai_api_key: SecretStr | None = Field(default=None, description="Bearer key for that server.")
+    openai_max_concurrency: int = Field(
+        default=0, ge=0, description="Calls to that server in flight at once (0 = unlimited)."
+    )
+    openai_rpm: int = Field(
+        default=0, ge=0, description="Requests per minute to that server, spaced evenly (0 = unlimited)."
+    )
+    openai_tpm: int = Field(default=0, ge=0, description="Tokens per minute to that server (0 = unlimited).")
+    anthropic_base_url: str = Field(
+        default="https://api.anthropic.com", description="Base URL of Anthropic's Messages API."
+    )
+    anthropic_api_key: SecretStr | None = Field(default=None, description="Anthropic API key (x-api-key).")
+    anthropic_max_concurrency: int = Field(
+        default=0, ge=0, description="Anthropic calls in flight (0 = unlimited)."
+    )
+    anthropic_rpm: int = Field(default=0, ge=0, description="Anthropic requests per minute (0 = unlimited).")
+    anthropic_tpm: int = Field(default=0, ge=0, description="Anthropic tokens per minute (0 = unlimited).")
+    gemini_base_url: str = Field(
+        default="https://generativelanguage.googleapis.com/v1beta", description="Base URL of the Gemini API."
+    )
+    gemini_api_key: SecretStr | None = Field(default=None, description="Gemini API key (x-goog-api-key).")
+    gemini_max_concurrency: int = Field(
+        default=0, ge=0, description="Gemini calls in flight (0 = unlimited)."
+    )
+    gemini_rpm: int = Field(default=0, ge=0, description="Gemini requests per minute (0 = unlimited).")
+    gemini_tpm: int = Field(default=0, ge=0, description="Gemini tokens per minute (0 = unlimited).")
+    model_prices: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="US dollars per million input and output tokens, by model spec, for the estimated "
+        'cost of usage: {"openai:gpt-4o-mini": [0.15, 0.6]} (JSON in the environment).',
+    )
+    max_turns_in_flight: int = Field(
+        default=2000,
+        ge=1,
+        le=100_000,
+        description="Agent turns running at once in one process (each waiting on its model, mostly).",
+    )
+    model_retry_s: float = Field(
+        default=1800,
+        ge=0,
+        description="How long a turn is retried after transient model failures (timeout, 429, 5xx, "
+        "connection) before it is dead; later messages of its conversation wait behind it.",
+    )
+    holding_reply_after_s: float = Field(
+        default=0,
+        ge=0,
+        description="After this many seconds of a model outage, the user gets the holding reply "
+        "once per outage (0 = never).",
+    )
+    holding_reply: str = Field(
+        default="We're having trouble answering right now. We'll reply as soon as we can.",
+        min_length=1,
+        max_length=4096,
+        description="The text of the holding reply.",
+    )
     agent: str = Field(
         default="gateway.demo:agent",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
@@ -173,17 +228,26 @@ class Settings(BaseSettings):
         "it is dead (listed and retried by operators); permanent refusals fail at once.",
     )
 
+    @field_validator("model_prices")
+    @classmethod
+    def _check_prices(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        for model, pair in value.items():
+            if not all(math.isfinite(price) and price >= 0 for price in pair):
+                raise ValueError(f"the prices of {model!r} must be finite and 0 or more")
+        return value
+
     @field_validator("model")
     @classmethod
     def _check_model(cls, value: str) -> str:
-        if value == "scripted" or (value.startswith("openai:") and len(value) > len("openai:")):
+        provider, _, name = value.partition(":")
+        if value == "scripted" or (provider in ("openai", "anthropic", "gemini") and name):
             return value
-        raise ValueError("must be 'scripted' or 'openai:<model>'")
+        raise ValueError("must be 'scripted', 'openai:<model>', 'anthropic:<model>' or 'gemini:<model>'")
 
     # The platforms' settings groups (GATEWAY_TELEGRAM_*, ...), loaded with these settings: see `group`.
     _groups: dict[str, BaseSettings] = PrivateAttr(default_factory=dict)
 
-    @field_validator("openai_api_key", "admin_token", mode="before")
+    @field_validator("openai_api_key", "anthropic_api_key", "gemini_api_key", "admin_token", mode="before")
     @classmethod
     def _empty_key_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
@@ -202,7 +266,7 @@ class Settings(BaseSettings):
             )
         return value
 
-    @field_validator("openai_base_url")
+    @field_validator("openai_base_url", "anthropic_base_url", "gemini_base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,7 @@ from gateway.agents.models.base import Model
 from gateway.agents.stores.base import BaseSessionStore
 from gateway.agents.stores.memory import SessionStore
 from gateway.agents.tools import execute_tool_call
-from gateway.domain.messages import Message, Role
+from gateway.domain.messages import Message, ModelUsage, Role
 from gateway.domain.text import sendable
 
 log = structlog.get_logger(__name__)
@@ -142,9 +143,14 @@ class Runner:
         agent = session.active_agent
         for round_number in range(self.max_tool_rounds + 1):
             tools = agent.all_tools()
-            reply = await self._model(agent).respond(agent, list(session.history), tools)
+            model = self._model(agent)
+            started = time.perf_counter()
+            reply = await model.respond(agent, list(session.history), tools)
             reply.agent_name = agent.name
             reply.content = sendable(reply.content)
+            if reply.usage is None:  # a model that counts nothing: its name and seconds
+                name = str(getattr(model, "spec", type(model).__name__))
+                reply.usage = ModelUsage(name, latency_s=time.perf_counter() - started)
             if not reply.tool_calls:
                 add(reply)
                 return new

@@ -35,6 +35,16 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+@dataclass(frozen=True)
+class ModelUsage:
+    """What one model call cost: the model ("openai:gpt-4o-mini"), its tokens, and its seconds."""
+
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_s: float = 0.0
+
+
 @dataclass
 class Message:
     """One message of a conversation. A MODEL message may carry tool calls; a TOOL message answers one."""
@@ -48,6 +58,8 @@ class Message:
     created_at: datetime = field(default_factory=utcnow)
     # Where a store keeps this message within its session; None until stored. Not part of the JSON.
     position: int | None = field(default=None, compare=False, repr=False, kw_only=True)
+    # What the model call that wrote this MODEL message cost; None otherwise. Not part of the JSON.
+    usage: ModelUsage | None = field(default=None, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
         self.role = Role(self.role)

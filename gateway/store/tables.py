@@ -228,3 +228,26 @@ class HealthRow(Base):
 
     owner: Mapped[str] = mapped_column(String(255), primary_key=True)  # host:pid
     checked_at: Mapped[datetime]
+
+
+class TurnUsageRow(Base):
+    """What a turn's calls to one model cost: written with the turn (gateway/store/turns.py), added up
+    per session and per day (gateway/store/usage.py). No message text."""
+
+    __tablename__ = "chatflow_turn_usage"
+    __table_args__ = (
+        Index("ix_chatflow_turn_usage_session_id", "session_id"),
+        Index("ix_chatflow_turn_usage_day_model", "day", "model"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True, autoincrement=True)
+    inbox_id: Mapped[int | None] = mapped_column(BigInteger)
+    session_id: Mapped[str] = mapped_column(String(255))
+    model: Mapped[str] = mapped_column(String(255))  # a spec string: openai:gpt-4o-mini, scripted
+    calls: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    latency_ms: Mapped[int] = mapped_column(Integer)  # the model calls' seconds, added up
+    tool_calls: Mapped[int] = mapped_column(Integer)
+    day: Mapped[str] = mapped_column(String(10))  # UTC, YYYY-MM-DD: per-day totals on every backend
+    created_at: Mapped[datetime]

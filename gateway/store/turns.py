@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.outbound import OutboundMessage
-from gateway.store import inbox, outbox, sessions
+from gateway.domain.usage import TurnUsage
+from gateway.store import inbox, outbox, sessions, usage
 from gateway.store.database import Database
 from gateway.store.inbox import LeaseLostError
 
@@ -21,11 +22,13 @@ __all__ = ["LeaseLostError", "TurnCompletion", "commit"]
 
 @dataclass(frozen=True)
 class TurnCompletion:
-    """Marks inbox row `inbox_id` done, if `lease_owner` still holds it, and queues `outbound`."""
+    """Marks inbox row `inbox_id` done, if `lease_owner` still holds it, queues `outbound` and records
+    what its model calls cost (`usage`, per model)."""
 
     inbox_id: int
     lease_owner: str
     outbound: list[OutboundMessage] = field(default_factory=list)
+    usage: list[TurnUsage] = field(default_factory=list)
 
 
 async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnCompletion | None = None) -> bool:
@@ -36,13 +39,19 @@ async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnComplet
     replies_file = (
         None if completion is None else outbox.insert_on_file(completion.inbox_id, completion.outbound, now)
     )
+    usage_file = (
+        None
+        if completion is None
+        else usage.insert_on_file(completion.inbox_id, turn.session_id, completion.usage, now)
+    )
 
     def on_file(conn: sqlite3.Connection) -> bool:
         if not save_file(conn):
             return False
-        if completion is not None and replies_file is not None:
+        if completion is not None and replies_file is not None and usage_file is not None:
             inbox.complete_on_file(conn, completion.inbox_id, completion.lease_owner, now)
             replies_file(conn)
+            usage_file(conn)
         return True
 
     async def on_engine(conn: AsyncConnection) -> bool:
@@ -52,6 +61,7 @@ async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnComplet
         if completion is not None:
             await inbox.complete_on_engine(conn, completion.inbox_id, completion.lease_owner, now)
             await outbox.insert_on_engine(conn, completion.inbox_id, completion.outbound, now)
+            await usage.insert_on_engine(conn, completion.inbox_id, turn.session_id, completion.usage, now)
         return True
 
     return await db.write(on_file, on_engine)

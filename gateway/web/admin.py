@@ -17,7 +17,7 @@ import hmac
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from gateway.domain import sessions as session_rules
 from gateway.domain.sessions import Cursor, SessionSummary
+from gateway.domain.usage import Price
 from gateway.store import inbox, sessions
 from gateway.store.database import UNAVAILABLE_ERRORS, Database
 from gateway.store.sessions import SessionExistsError
@@ -53,6 +54,7 @@ class Admin:
     max_body_bytes: int = MAX_ADMIN_BODY_BYTES
     on_pending: Callable[[], None] = lambda: None  # wakes the worker when a retried row is due
     throttle: FailureThrottle = field(default_factory=FailureThrottle)  # wrong tokens, per address
+    prices: Mapping[str, Price] = field(default_factory=dict)  # GATEWAY_MODEL_PRICES, by model spec
 
     @property
     def enabled(self) -> bool:

@@ -34,6 +34,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.domain.claims import ClaimHealth
+from gateway.domain.usage import LATENCY_BUCKETS as MODEL_LATENCY_BUCKETS
+from gateway.domain.usage import ModelStats
 from gateway.store import outbox
 from gateway.store.database import FAILURE_ERRORS
 
@@ -66,6 +68,7 @@ class HttpMetrics:
         self._series: dict[tuple[str, str, int], _Series] = {}
         self._claims: dict[str, ClaimHealth] = {}
         self._waiting: list[outbox.Waiting] = []
+        self._models: ModelStats | None = None
         self.registry.register(self)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -103,10 +106,14 @@ class HttpMetrics:
         yield requests
         yield latency
         yield from self._work()
+        if self._models is not None:
+            yield from _model_metrics(self._models)
 
-    def watch(self, claims: Mapping[str, ClaimHealth]) -> None:
-        """Export how the process's claim loops fare (called once the worker and delivery exist)."""
+    def watch(self, claims: Mapping[str, ClaimHealth], models: ModelStats | None = None) -> None:
+        """Export how the process's claim loops fare and what its turns' models cost (called once the
+        worker and delivery exist)."""
         self._claims = dict(claims)
+        self._models = models
 
     async def endpoint(self, request: Request) -> Response:
         database = getattr(request.state, "database", None)
@@ -142,3 +149,32 @@ class HttpMetrics:
         yield failures
         yield failing
         yield waiting
+
+
+def _model_metrics(stats: ModelStats) -> Iterator[Metric]:
+    """The committed turns' model usage since start, per model (a spec string: bounded cardinality)."""
+    calls = CounterMetricFamily("gateway_model_calls", "Model calls of committed turns.", labels=["model"])
+    tokens = CounterMetricFamily(
+        "gateway_model_tokens",
+        "Tokens of committed turns' model calls, as the provider counted them, by direction.",
+        labels=["model", "direction"],
+    )
+    latency = HistogramMetricFamily(
+        "gateway_model_latency_seconds",
+        "Seconds a committed turn spent in its calls to one model (answered calls only).",
+        labels=["model"],
+    )
+    names = (*(str(float(bound)) for bound in MODEL_LATENCY_BUCKETS), "+Inf")
+    for model, series in list(stats.models.items()):
+        calls.add_metric([model], series.calls, created=series.created)
+        tokens.add_metric([model, "input"], series.input_tokens, created=series.created)
+        tokens.add_metric([model, "output"], series.output_tokens, created=series.created)
+        cumulative = 0
+        buckets = []
+        for name, count in zip(names, series.in_bucket, strict=True):
+            cumulative += count
+            buckets.append((name, float(cumulative)))
+        latency.add_metric([model], buckets, series.latency_s)
+    yield calls
+    yield tokens
+    yield latency

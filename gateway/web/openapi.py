@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.domain import sessions as session_rules
 from gateway.store import inbox, outbox
+from gateway.web import openapi_usage
 
 BEARER = "bearerAuth"
 _JSON = "application/json"
@@ -357,13 +358,16 @@ PATHS: dict[str, Any] = {
     },
 }
 
+PATHS.update(openapi_usage.paths(_responses, _json, _SESSION_ID))
+SCHEMAS.update(openapi_usage.SCHEMAS)
+
 _DOCUMENT: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {
         "title": "chatflow-gateway admin API",
         "version": "1",
         "description": (
-            "Sessions, the inbox and the outbox of a chatflow-gateway. Every route needs "
+            "Sessions, the inbox, the outbox and model usage of a chatflow-gateway. Every route needs "
             "`Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`; without that setting the API answers 404. "
             "Errors are JSON objects with `error` (a stable code), `request_id` and `detail`."
         ),

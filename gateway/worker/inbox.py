@@ -5,36 +5,45 @@ number of workers or replicas, while different conversations run in parallel. Th
 together with its inbox row (done) and its replies (outbox rows, gateway/store/turns.py); a worker
 that dies before that commit leaves the row to be claimed again when its lease expires, and one that
 lost its lease commits nothing.
+
+Failures: a transient model failure is tried again within the outage patience (gateway/worker/
+patience.py), in the same task and lease; a permanent one (a 4xx such as 400 or 401) makes the row
+dead at once; anything else is retried with backoff up to `max_attempts` times.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 import structlog
 
 from gateway.agents import Message, Runner
+from gateway.agents.models.base import ModelError
 from gateway.domain.inbound import InboundMessage
 from gateway.domain.messages import utcnow
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.domain.text import split_message
+from gateway.domain.usage import ModelStats, TurnUsage, turn_usage
 from gateway.platforms.registry import PLATFORMS
 from gateway.platforms.spec import PlatformSpec, message_target
-from gateway.store import inbox
+from gateway.store import inbox, outbox
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage, LeaseLostError
 from gateway.store.turns import TurnCompletion
 from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
+from gateway.worker.patience import Patience
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_CONCURRENCY = 32
+DEFAULT_CONCURRENCY = 2000  # turns in flight: mostly waiting for their model (GATEWAY_MAX_TURNS_IN_FLIGHT)
 MAX_ATTEMPTS = 5
 BACKOFF_CAP_SECONDS = 300
+DEFAULT_MODEL_RETRY_SECONDS = 1800.0
+DEFAULT_HOLDING_REPLY = "We're having trouble answering right now. We'll reply as soon as we can."
 
 
 class InboxWorker:
@@ -51,11 +60,15 @@ class InboxWorker:
         busy: Callable[[], bool] = lambda: False,
         before_turn: Callable[[str, ReplyTarget], None] = lambda platform, target: None,
         platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
+        patience: Patience | None = None,
+        holding_reply: str = DEFAULT_HOLDING_REPLY,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """`on_committed` runs after each committed turn (it wakes the delivery of the replies);
         `busy` says whether this process's webhooks are waiting for a commit; `before_turn` gets the
         platform and reply target of each turn about to run (the typing indicator); `platforms`
-        build the reply targets."""
+        build the reply targets; `patience` rules transient model failures (`holding_reply` is sent
+        when it says so); `sleep` waits between tries (tests)."""
         self.database = database
         self.runner = runner
         self.on_committed = on_committed
@@ -64,6 +77,10 @@ class InboxWorker:
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
         self.owner = owner or owner_id("in")
+        self.patience = Patience(DEFAULT_MODEL_RETRY_SECONDS) if patience is None else patience
+        self.holding_reply = holding_reply
+        self.model_stats = ModelStats()  # the committed turns' model usage, for /metrics
+        self._sleep = sleep
         # Through lambdas, so the loop always calls the current methods (tests wrap them).
         self.loop = ClaimLoop(
             "worker",
@@ -97,6 +114,16 @@ class InboxWorker:
         return await inbox.claim(self.database, self.owner, self.lease, limit)
 
     async def process(self, row: ClaimedMessage) -> None:
+        """Run the row's turn; after a transient model failure, again, until it commits or gives up."""
+        with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
+            try:
+                while await self._try(row):
+                    pass
+            finally:  # done with the row, whatever the outcome: the conversation's outage ends
+                self.patience.ended(row.session_id)
+
+    async def _try(self, row: ClaimedMessage) -> bool:
+        """One try of the row's turn: True when it is worth another (after the wait it did)."""
         message = row.message
         metadata = {
             key: value
@@ -104,27 +131,74 @@ class InboxWorker:
             if (value := getattr(message, key))
         }
 
-        def commit_with(new_messages: list[Message]) -> TurnCompletion:
-            reply = new_messages[-1].content or ""
-            return TurnCompletion(row.id, self.owner, _replies(row, reply, self.reply_targets))
+        usages: list[TurnUsage] = []
 
-        with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
-            self.before_turn(row.platform, _reply_target(row, self.reply_targets))
-            try:
-                await self.runner.run_async(
-                    row.session_id, row.text or "", metadata, commit_with=commit_with, leased=True
-                )
-            except LeaseLostError:
-                log.warning("turn_lease_lost")
-            except asyncio.CancelledError:
-                # Shutting down: hand the row back now rather than when its lease expires.
-                await asyncio.shield(self._release(row))
-                raise
-            except Exception as exc:
-                await self._failed(row, exc)
-            else:
-                log.info("turn_committed")
-                self.on_committed()
+        def commit_with(new_messages: list[Message]) -> TurnCompletion:
+            nonlocal usages
+            reply = new_messages[-1].content or ""
+            usages = turn_usage(new_messages)
+            return TurnCompletion(row.id, self.owner, _replies(row, reply, self.reply_targets), usages)
+
+        self.before_turn(row.platform, _reply_target(row, self.reply_targets))
+        try:
+            await self.runner.run_async(
+                row.session_id, row.text or "", metadata, commit_with=commit_with, leased=True
+            )
+        except LeaseLostError:
+            log.warning("turn_lease_lost")
+        except asyncio.CancelledError:
+            # Shutting down: hand the row back now rather than when its lease expires.
+            await asyncio.shield(self._release(row))
+            raise
+        except ModelError as exc:
+            if exc.transient:
+                return await self._wait_out(row, exc)
+            await self._failed(row, exc, dead=exc.permanent)
+        except Exception as exc:
+            await self._failed(row, exc)
+        else:
+            log.info("turn_committed")
+            self.model_stats.record(usages)
+            self.on_committed()
+        return False
+
+    async def _wait_out(self, row: ClaimedMessage, exc: ModelError) -> bool:
+        """A transient model failure: send the holding reply if due, wait, and say to try again; or,
+        once the outage lasted the patience, give the row up (dead)."""
+        outage = self.patience.failed(row.session_id)
+        if self.patience.gives_up(outage):
+            await self._failed(row, exc, dead=True)
+            return False
+        if self.patience.holding_due(outage):
+            outage.holding_sent = await self._send_holding_reply(row)
+        delay = self.patience.delay(outage)
+        log.warning(
+            "turn_waiting_for_model",
+            failures=outage.failures,
+            outage_s=round(self.patience.elapsed(outage), 1),
+            retry_in_s=round(delay, 1),
+            status=exc.status,
+            provider=exc.provider,
+        )
+        try:
+            await self._sleep(delay)  # the lease is kept meanwhile: the heartbeat renews rows in flight
+        except asyncio.CancelledError:
+            await asyncio.shield(self._release(row))  # shutting down: hand the row back now
+            raise
+        return True
+
+    async def _send_holding_reply(self, row: ClaimedMessage) -> bool:
+        """Queue the holding reply through the outbox, like any reply; False if it could not be."""
+        target = _reply_target(row, self.reply_targets)
+        reply = OutboundMessage(row.platform, row.session_id, OutboundKind.TEXT, target, self.holding_reply)
+        try:
+            await outbox.enqueue(self.database, row.id, [reply])
+        except Exception as exc:  # tried again at the next failure
+            log.warning("holding_reply_not_queued", error=type(exc).__name__)
+            return False
+        log.info("holding_reply_queued")
+        self.on_committed()
+        return True
 
     async def _release(self, row: ClaimedMessage) -> None:
         try:
@@ -132,10 +206,11 @@ class InboxWorker:
         except Exception as exc:  # the lease expires on its own
             log.warning("turn_release_failed", error=type(exc).__name__)
 
-    async def _failed(self, row: ClaimedMessage, exc: Exception) -> None:
+    async def _failed(self, row: ClaimedMessage, exc: Exception, *, dead: bool = False) -> None:
+        """Record the failure: retried later with backoff, or dead (`dead`, or out of attempts)."""
         attempts = row.attempts + 1
         error = f"{type(exc).__name__}: {exc}"[:1000]
-        dead = attempts >= self.max_attempts
+        dead = dead or attempts >= self.max_attempts
         delay = min(BACKOFF_CAP_SECONDS, 2**attempts) * random.uniform(0.5, 1.0)
         try:
             await inbox.fail(

@@ -10,6 +10,7 @@ GATEWAY_ variable: those are settings, and the suite clears them).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -626,3 +627,20 @@ def test_screenshot(console: Console, page: Page, screenshots: Path) -> None:
     if UPDATE_SCREENSHOTS:
         (REPO_ROOT / "docs").mkdir(exist_ok=True)
         page.screenshot(path=REPO_ROOT / "docs" / "console.png")
+
+
+def test_a_session_and_the_usage_view_show_model_usage(console: Console, page: Page) -> None:
+    """The seeded turns ran on the scripted demo model: calls and time are counted, tokens are 0."""
+    signed_in(page, console)
+    open_session(page, session_of(console, "15551234567", "whatsapp"))
+    expect(page.locator("#session-usage")).to_have_text(
+        re.compile(r"^0 tokens in · 0 out · [1-9]\d* model calls$")
+    )
+
+    page.click("#tab-usage")
+    rows = page.locator("#usage-rows > tr")
+    expect(rows).to_have_count(1)  # today, the scripted model
+    cells = rows.first.locator("td").all_text_contents()
+    assert cells[1] == "scripted"
+    assert int(cells[2]) >= 4  # the four simulated turns, and any a retry made
+    assert cells[8] == "n/a"  # no price for it

@@ -3,8 +3,9 @@ or secret in it, and no line over the bound (issue 12, item 7).
 
 The run goes through the failure paths on purpose: a tool that raises with the user's phone in its
 message and the user's text and a 300-level structure in its locals, a model that answers 400 quoting the
-user, a platform that answers 500, then 400 naming the phone, and hangs, signed webhooks that are 990
-levels deep or hold NUL characters, NaN and a 3 MB string, bad signatures, bad JSON, and admin requests
+user (the turn is dead at once; the test retries it as an operator would, through the admin API), a
+platform that answers 500, then 400 naming the phone, and hangs, signed webhooks that are 990 levels
+deep or hold NUL characters, NaN and a 3 MB string, bad signatures, bad JSON, and admin requests
 naming a user's session. The process logs JSON at debug level; the test reads all of its stdout and stderr
 and looks for every distinctive value it sent, in the forms it could take.
 """
@@ -354,6 +355,7 @@ def faulty_run(cwd: Path, database_url: str, redact_users: bool) -> Output:
         try:
             wait_until(lambda: _ready(process, base), "the gateway to be ready", DEADLINE_SECONDS)
             drive_faulty_run(base)
+            retry_the_dead_turn(cwd, base)
             # Done when the tool user's reply failed for good, the hanging send is in flight and both
             # Telegram replies were refused.
             wait_until(
@@ -367,6 +369,19 @@ def faulty_run(cwd: Path, database_url: str, redact_users: bool) -> Output:
             code = process.wait(timeout=60)
         assert code == 0, (cwd / "stderr.log").read_text(errors="replace")[-4000:]
     return Output((cwd / "stdout.log").read_bytes(), (cwd / "stderr.log").read_bytes())
+
+
+def retry_the_dead_turn(cwd: Path, base: str) -> None:
+    """The model's 400 made the tool user's turn dead at once (a permanent error); an operator's retry
+    runs it again, and the model answers this time."""
+    wait_until(
+        lambda: "turn_dead_lettered" in events_so_far(cwd), "the turn refused by the model", DEADLINE_SECONDS
+    )
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    (dead,) = httpx.get(f"{base}/api/inbox", params={"status": "dead"}, headers=admin, timeout=60).json()[
+        "items"
+    ]
+    assert httpx.post(f"{base}/api/inbox/{dead['id']}/retry", headers=admin, timeout=60).status_code == 200
 
 
 def _ready(process: subprocess.Popen[bytes], base: str) -> bool:
@@ -408,7 +423,7 @@ def test_a_faulty_run_logs_no_text_phone_name_or_secret_and_no_long_line(
     # The run went through the failure paths (so the checks below look at what they logged).
     events = output.events()  # every line is one JSON object
     names = [e.get("event") for e in events]
-    for expected in ("tool_failed", "turn_failed", "reply_retry", "reply_failed", "webhook_rejected"):
+    for expected in ("tool_failed", "turn_dead_lettered", "reply_retry", "reply_failed", "webhook_rejected"):
         assert expected in names, f"no {expected} event: the run did not take that path"
     tracebacks = [e for e in events if e.get("event") == "tool_traceback"]
     assert tracebacks, "the tool's traceback was not logged"
@@ -425,7 +440,7 @@ def test_a_faulty_run_logs_no_text_phone_name_or_secret_and_no_long_line(
     # Nor a plain (unkeyed) hash of a phone, which anyone could match against all phone numbers.
     assert not [p for p in PHONES if hashlib.sha256(p.encode()).hexdigest()[:10] in text]
 
-    turn_lines = [e for e in events if e.get("event") in ("tool_failed", "turn_failed")]
+    turn_lines = [e for e in events if e.get("event") in ("tool_failed", "turn_dead_lettered")]
     sessions = {e.get("session_id") for e in turn_lines}
     assert len(sessions) == 1, sessions  # both lines of that turn name the same conversation
     (session,) = sessions

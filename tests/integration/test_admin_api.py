@@ -703,6 +703,8 @@ def test_the_openapi_document_is_served_behind_the_token(base: str, client: http
         "/api/inbox/{inbox_id}/retry",
         "/api/outbox",
         "/api/outbox/{outbox_id}/retry",
+        "/api/usage",
+        "/api/usage/sessions/{session_id}",
         "/api/openapi.json",
     }
     assert set(document["paths"]["/api/sessions/{session_id}"]) >= {"get", "put", "delete"}
@@ -725,3 +727,18 @@ def test_admin_writes_wait_for_the_database_not_fail(url: str, client: httpx.Cli
     assert asyncio.run(burst()) == [201] * 30
     page = client.get("/api/sessions", params={"limit": 500}).json()
     assert len(page["sessions"]) == 30
+
+
+def test_usage_routes_check_their_parameters(base: str, client: httpx.Client) -> None:
+    """Totals themselves: tests/e2e/test_model_traffic.py (a real turn) and test_turn_usage.py."""
+    assert client.get("/api/usage").json() == {"items": []}
+    assert client.get("/api/usage/sessions/telegram:1/x").json() == {
+        "session_id": "telegram:1/x",
+        "models": [],
+    }
+    for params in ({"days": "0"}, {"days": "367"}, {"days": "two"}, {"day": "1"}, {"days": ["1", "2"]}):
+        answer = client.get("/api/usage", params=params)
+        assert answer.status_code == 422, params
+        assert answer.json()["error"] == "invalid_request"
+    assert client.get("/api/usage/sessions/telegram:1", params={"x": "1"}).status_code == 422
+    assert httpx.get(f"{base}/api/usage").status_code == 401

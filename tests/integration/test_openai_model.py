@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,15 +14,17 @@ import pytest
 from structlog.testing import capture_logs
 
 from gateway.agents.models.base import ModelError
+from gateway.agents.models.budget import ProviderBudget
 from gateway.agents.models.openai_compat import (
     DEFAULT_BASE_URL,
     RAW_ARGUMENTS_KEY,
     OpenAIChatModel,
     openai_model_from_spec,
 )
+from gateway.bootstrap import build_models, build_services
 from gateway.domain.messages import Message, Role, ToolCall
 from tests.fakes import FakeOpenAI, chat_completion, tool_call
-from tests.helpers import free_port, serve_in_thread
+from tests.helpers import free_port, gateway_settings, serve_in_thread
 
 API_KEY = "sk-test-0123456789abcdef"
 
@@ -212,11 +215,12 @@ async def test_429_honours_retry_after_then_succeeds(fake: FakeOpenAI, make_mode
 
     assert reply.content == "ok"
     assert len(fake.requests) == 2
-    assert sleep.delays == [2.0]
+    assert sleep.delays == [pytest.approx(2.0, abs=0.5)]  # once: the provider's pause holds the retry
     retries = [event for event in logs if event["event"] == "model_retry"]
     assert len(retries) == 1
     assert retries[0]["log_level"] == "warning"
-    assert (retries[0]["status"], retries[0]["attempt"], retries[0]["delay"]) == (429, 1, 2.0)
+    assert (retries[0]["status"], retries[0]["attempt"]) == (429, 1)
+    assert retries[0]["delay"] == pytest.approx(2.0, abs=0.5)
     assert API_KEY not in repr(logs)
 
 
@@ -438,3 +442,85 @@ def test_spec_rejects_other_forms(spec: str) -> None:
 
 def _http_date(*, seconds: int) -> str:
     return format_datetime(datetime.now(UTC) + timedelta(seconds=seconds), usegmt=True)
+
+
+async def test_a_429_pauses_the_other_models_of_the_provider(fake: FakeOpenAI, base_url: str) -> None:
+    """One model's 429 with Retry-After holds back a call of another model sharing the budget."""
+    sleep = SleepRecorder()
+    budget = ProviderBudget("openai", sleep=sleep)
+    first = OpenAIChatModel("gpt-a", base_url, max_retries=0, budget=budget, sleep=sleep)
+    second = OpenAIChatModel("gpt-b", base_url, max_retries=0, budget=budget, sleep=sleep)
+    fake.enqueue_error(429, "Rate limit reached", headers={"Retry-After": "7"})
+    fake.enqueue_reply("ok")
+    try:
+        with pytest.raises(ModelError) as refused:
+            await first.respond(StubAgent(), USER_HI, [])
+        assert refused.value.transient
+        assert sleep.delays == []
+
+        reply = await second.respond(StubAgent(), USER_HI, [])
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+    assert reply.content == "ok"
+    assert sleep.delays == [pytest.approx(7.0, abs=0.5)]  # the second model waited out the first's 429
+
+
+@pytest.mark.parametrize(
+    ("status", "transient", "permanent"),
+    [(400, False, True), (401, False, True), (404, False, True), (429, True, False), (503, True, False)],
+)
+async def test_errors_say_whether_they_are_worth_waiting_for(
+    fake: FakeOpenAI, make_model: MakeModel, status: int, transient: bool, permanent: bool
+) -> None:
+    fake.enqueue_error(status, "nope")
+
+    with pytest.raises(ModelError) as failed:
+        await make_model(max_retries=0).respond(StubAgent(), USER_HI, [])
+
+    assert (failed.value.status, failed.value.transient, failed.value.permanent) == (
+        status,
+        transient,
+        permanent,
+    )
+
+
+async def test_a_timeout_is_transient(fake: FakeOpenAI, make_model: MakeModel) -> None:
+    fake.enqueue_hang()
+
+    with pytest.raises(ModelError) as failed:
+        await make_model(max_retries=0, timeout=0.2).respond(StubAgent(), USER_HI, [])
+
+    assert failed.value.transient
+    assert not failed.value.permanent
+
+
+async def test_the_settings_build_the_worker_and_the_provider_budget(tmp_path: Path) -> None:
+    """GATEWAY_MAX_TURNS_IN_FLIGHT bounds the worker; GATEWAY_OPENAI_* budget every openai model."""
+    settings = gateway_settings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
+        model="openai:gpt-test",
+        max_turns_in_flight=7,
+        openai_max_concurrency=3,
+        openai_rpm=120,
+        openai_tpm=9000,
+        model_retry_s=60,
+        holding_reply_after_s=20,
+    )
+    services = build_services(settings)
+    try:
+        assert services.worker.concurrency == 7
+        assert (services.worker.patience.retry_seconds, services.worker.patience.holding_after_seconds) == (
+            60,
+            20,
+        )
+        models = build_models(settings)
+        first, second = models("openai:a"), models(None)  # None: GATEWAY_MODEL
+        assert isinstance(first, OpenAIChatModel)
+        assert isinstance(second, OpenAIChatModel)
+        assert second.model == "gpt-test"
+        assert first.budget is second.budget  # one budget per provider, whatever the model
+        assert (first.budget.max_concurrency, first.budget.rpm, first.budget.tpm) == (3, 120, 9000)
+    finally:
+        await services.aclose()

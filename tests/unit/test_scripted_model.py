@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.agents import Agent, Rule, Runner, ScriptedModel, SessionStore, Tool, tool
-from gateway.agents.models.scripted import DEFAULT_FALLBACK
+from gateway.agents.models.scripted import DEFAULT_FALLBACK, MAX_SCAN_CHARS
 from gateway.domain.messages import Message, Role, ToolCall
 
 FAST = settings(max_examples=200, deadline=None, database=None)
@@ -94,6 +94,13 @@ async def test_the_first_matching_rule_wins() -> None:
 async def test_patterns_are_searched_case_insensitively_across_lines() -> None:
     model = ScriptedModel(rules=[Rule(r"hello.*world", reply="matched")])
     assert (await respond(model, "well, HELLO\nbig World!")).content == "matched"
+
+
+async def test_rules_read_only_the_first_characters_of_a_message() -> None:
+    """However linear a rule's pattern, a long crafted message costs at most MAX_SCAN_CHARS of scanning."""
+    model = ScriptedModel(rules=[Rule("order", reply="found")], fallback="pardon?")
+    assert (await respond(model, " " * (MAX_SCAN_CHARS - 5) + "order")).content == "found"
+    assert (await respond(model, " " * (MAX_SCAN_CHARS - 4) + "order")).content == "pardon?"
 
 
 async def test_only_the_last_user_message_is_read() -> None:

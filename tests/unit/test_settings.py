@@ -191,6 +191,16 @@ def test_readme_documents_every_setting() -> None:
         ("GATEWAY_MAX_BODY_BYTES", "10", "greater than or equal"),
         ("GATEWAY_DEDUP_TTL_HOURS", "0", "greater than"),
         ("GATEWAY_MAX_TURNS", "0", "greater than or equal"),
+        ("GATEWAY_MAX_TURNS_IN_FLIGHT", "0", "greater than or equal"),
+        ("GATEWAY_OPENAI_RPM", "-1", "greater than or equal"),
+        ("GATEWAY_OPENAI_TPM", "many", "valid integer"),
+        ("GATEWAY_MODEL_RETRY_S", "-5", "greater than or equal"),
+        ("GATEWAY_HOLDING_REPLY", "", "at least 1 character"),
+        ("GATEWAY_ANTHROPIC_BASE_URL", "api.anthropic.com", "http"),
+        ("GATEWAY_GEMINI_RPM", "-3", "greater than or equal"),
+        ("GATEWAY_MODEL", "claude:sonnet", "'anthropic:<model>'"),
+        ("GATEWAY_MODEL_PRICES", '{"openai:x": [1, -2]}', "finite and 0 or more"),
+        ("GATEWAY_MODEL_PRICES", '{"openai:x": [1]}', "GATEWAY_MODEL_PRICES"),
     ],
 )
 def test_platform_settings_are_checked(

@@ -34,10 +34,29 @@ class Model(Protocol):
 
 
 class ModelError(GatewayError):
-    """A model provider refused or failed a request; carries its HTTP status and message when known."""
+    """A model provider refused or failed a request; carries its HTTP status and message when known.
 
-    def __init__(self, message: str, *, status: int | None = None, provider: str | None = None) -> None:
+    `transient`: the provider may well answer later (timeout, 429, 5xx, connection), so the turn is
+    worth waiting for; `permanent`: asking again cannot help (a 4xx such as 400, 401, 404, or a
+    redirect, which is never followed).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        provider: str | None = None,
+        transient: bool = False,
+    ) -> None:
         super().__init__(message if status is None else f"{provider or 'model'} answered {status}: {message}")
         self.status = status
         self.message = message
         self.provider = provider
+        self.transient = transient
+
+    @property
+    def permanent(self) -> bool:
+        return (
+            not self.transient and self.status is not None and 300 <= self.status < 500
+        )  # 3xx: never followed

@@ -2,9 +2,8 @@
 
 OpenAI, Azure OpenAI, Gemini's and Grok's compatible endpoints, Ollama, vLLM and LiteLLM all answer
 `POST {base_url}/chat/completions`, so one small client covers them. It maps the gateway's history to
-the wire format and back, and retries what is worth retrying (429, 5xx gateways, timeouts, dropped
-connections) with capped, jittered exponential backoff that defers to the server's `Retry-After`.
-Everything else becomes a `ModelError` carrying the provider's status and message.
+the wire format and back; sending, retries, the budget and errors are HttpChatModel's
+(gateway/agents/models/http_model.py).
 
 Tool-call arguments that are not a JSON object do not fail the turn: the call is kept with the raw text
 under `RAW_ARGUMENTS_KEY`, so the tool layer rejects the arguments like any other invalid ones and the
@@ -13,23 +12,18 @@ model can correct itself on the next step.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import math
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
-import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
-from tenacity.wait import wait_random_exponential
 
-from gateway.agents.models.base import ModelError, ToolSpec
+from gateway.agents.models.base import ToolSpec
+from gateway.agents.models.budget import ProviderBudget
+from gateway.agents.models.http_model import AgentLike, HttpChatModel, Malformed
+from gateway.agents.models.wire import RETRYABLE_STATUSES
 from gateway.domain.messages import Message, Role, ToolCall
-from gateway.http_client import http_client
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -39,99 +33,23 @@ __all__ = [
     "openai_model_from_spec",
 ]
 
-logger = structlog.get_logger(__name__)
-
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-PROVIDER = "openai"
-RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Under this key a tool call keeps arguments that were not a JSON object, for the tool layer to reject.
 RAW_ARGUMENTS_KEY = "__raw_arguments__"
-# Network failures worth another attempt; a bad URL or proxy set-up (other TransportErrors) is not.
-_RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-)
-_EXCERPT = 300
 
 
-class AgentLike(Protocol):
-    """The two things this model needs of an agent (the real Agent class satisfies it)."""
+class OpenAIChatModel(HttpChatModel):
+    """The `Model` protocol over an OpenAI-compatible `/chat/completions` endpoint (a bearer key)."""
 
-    @property
-    def name(self) -> str: ...
-
-    def render_instructions(self) -> str: ...
-
-
-class _RetryableStatus(Exception):
-    """An answer with a status in RETRYABLE_STATUSES; tenacity retries on it."""
-
-    def __init__(self, status: int, message: str, retry_after: float | None) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-        self.retry_after = retry_after
-
-
-class OpenAIChatModel:
-    """The `Model` protocol over an OpenAI-compatible `/chat/completions` endpoint.
-
-    It sends through one `httpx.AsyncClient`: the one passed in (shared with the rest of the app, and
-    left open), or one it creates on first use and closes in `aclose()`. `timeout` applies to each
-    attempt; `max_retries` counts retries after the first attempt. `backoff_base` and `backoff_max`
-    shape the full-jitter backoff, `retry_after_max` caps a server's `Retry-After`, and `sleep` is the
-    awaitable used to wait, so tests can record delays instead of waiting them.
-    """
-
-    def __init__(
-        self,
-        model: str,
-        base_url: str = DEFAULT_BASE_URL,
-        api_key: str | None = None,
-        timeout: float = 60.0,
-        *,
-        max_retries: int = 3,
-        client: httpx.AsyncClient | None = None,
-        backoff_base: float = 0.5,
-        backoff_max: float = 8.0,
-        retry_after_max: float = 60.0,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ) -> None:
-        if not model:
-            raise ValueError("model name must not be empty")
-        if max_retries < 0:
-            raise ValueError("max_retries must be >= 0")
-        self.model = model
-        self.base_url = base_url.rstrip("/")
-        self.timeout = timeout
-        self.max_retries = max_retries
-        self._api_key = api_key
-        self._client = client
-        self._owns_client = client is None
-        self._backoff = wait_random_exponential(multiplier=backoff_base, max=backoff_max)
-        self._retry_after_max = retry_after_max
-        self._sleep = sleep
-
-    def __repr__(self) -> str:  # never shows the api key
-        return f"OpenAIChatModel(model={self.model!r}, base_url={self.base_url!r})"
+    PROVIDER = "openai"
+    DEFAULT_BASE_URL = DEFAULT_BASE_URL
 
     @property
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
 
-    async def aclose(self) -> None:
-        """Close the HTTP client if this model created it; a client passed in belongs to its owner."""
-        if self._owns_client and self._client is not None:
-            await self._client.aclose()
-            self._client = None
-
-    async def respond(
-        self, agent: AgentLike, history: Sequence[Message], tools: Sequence[ToolSpec]
-    ) -> Message:
-        """Send the agent's instructions, the history and the tools; return the reply as a MODEL message."""
-        response = await self._post_with_retries(self.build_request(agent, history, tools))
-        return self._parse_reply(response, agent)
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def build_request(
         self, agent: AgentLike, history: Sequence[Message], tools: Sequence[ToolSpec]
@@ -147,85 +65,20 @@ class OpenAIChatModel:
             body["tools"] = [_wire_tool(tool) for tool in tools]
         return body
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> httpx.Response:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
-            wait=self._wait,
-            retry=retry_if_exception_type((_RetryableStatus, *_RETRYABLE_ERRORS)),
-            before_sleep=self._log_retry,
-            sleep=self._sleep,
-            reraise=True,
-        )
-        attempts = self.max_retries + 1
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    return await self._post_once(body)
-        except _RetryableStatus as exc:
-            raise ModelError(exc.message, status=exc.status, provider=PROVIDER) from None
-        except httpx.TimeoutException as exc:
-            raise ModelError(
-                f"{PROVIDER} model {self.model!r} at {self.url} did not answer within {self.timeout}s "
-                f"({attempts} attempt{'s' if attempts > 1 else ''})",
-                provider=PROVIDER,
-            ) from exc
-        except httpx.TransportError as exc:
-            raise ModelError(
-                f"{PROVIDER} model {self.model!r} at {self.url} could not be reached: "
-                f"{type(exc).__name__}: {exc}",
-                provider=PROVIDER,
-            ) from exc
-        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
-
-    async def _post_once(self, body: dict[str, Any]) -> httpx.Response:
-        if self._client is None:
-            self._client = http_client(self.timeout)
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        response = await self._client.post(self.url, json=body, headers=headers, timeout=self.timeout)
-        if response.is_success:
-            return response
-        message = _error_message(response)
-        if response.status_code in RETRYABLE_STATUSES:
-            raise _RetryableStatus(response.status_code, message, _retry_after(response.headers))
-        raise ModelError(message, status=response.status_code, provider=PROVIDER)
-
-    def _wait(self, state: RetryCallState) -> float:
-        """The server's Retry-After when it gave one (capped), else jittered exponential backoff."""
-        error = state.outcome.exception() if state.outcome else None
-        if isinstance(error, _RetryableStatus) and error.retry_after is not None:
-            return min(error.retry_after, self._retry_after_max)
-        return self._backoff(state)
-
-    def _log_retry(self, state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome else None
-        logger.warning(
-            "model_retry",
-            provider=PROVIDER,
-            model=self.model,
-            status=error.status if isinstance(error, _RetryableStatus) else None,
-            error=None if isinstance(error, _RetryableStatus) else type(error).__name__,
-            attempt=state.attempt_number,
-            delay=round(state.next_action.sleep, 3) if state.next_action else None,
-        )
-
-    def _parse_reply(self, response: httpx.Response, agent: AgentLike) -> Message:
-        try:
-            data = response.json()
-        except ValueError:
-            raise self._malformed(response, "the body is not JSON") from None
+    def parse_reply(self, data: Any, agent: AgentLike) -> Message:
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise self._malformed(response, "no choices")
+            raise Malformed("no choices")
         message = choices[0].get("message")
         if not isinstance(message, dict):
-            raise self._malformed(response, "choices[0] has no message")
+            raise Malformed("choices[0] has no message")
         raw_calls = message.get("tool_calls") or []
         if not isinstance(raw_calls, list):
-            raise self._malformed(response, "tool_calls is not a list")
+            raise Malformed("tool_calls is not a list")
         try:
             tool_calls = [_parse_tool_call(raw) for raw in raw_calls]
         except (KeyError, TypeError) as exc:
-            raise self._malformed(response, f"invalid tool call: {type(exc).__name__} {exc}") from None
+            raise Malformed(f"invalid tool call: {type(exc).__name__} {exc}") from None
         return Message(
             role=Role.MODEL,
             content=_parse_content(message.get("content")),
@@ -233,11 +86,17 @@ class OpenAIChatModel:
             agent_name=agent.name,
         )
 
-    def _malformed(self, response: httpx.Response, why: str) -> ModelError:
-        return ModelError(
-            f"{PROVIDER} model {self.model!r} sent a malformed reply ({why}): {_excerpt(response.text)}",
-            provider=PROVIDER,
-        )
+    def tokens(self, data: Any) -> tuple[int, int]:
+        """`usage.prompt_tokens` and `completion_tokens` (0 where not counted)."""
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if not isinstance(usage, dict):
+            return 0, 0
+        return count(usage.get("prompt_tokens")), count(usage.get("completion_tokens"))
+
+
+def count(value: Any) -> int:
+    """A token count from an answer: a non-negative int, else 0."""
+    return value if isinstance(value, int) and value >= 0 else 0
 
 
 def openai_model_from_spec(
@@ -247,12 +106,13 @@ def openai_model_from_spec(
     api_key: str | None,
     timeout: float = 60.0,
     client: httpx.AsyncClient | None = None,
+    budget: ProviderBudget | None = None,
 ) -> OpenAIChatModel:
     """Build the model named by a setting such as `openai:gpt-4o-mini` (the base URL picks the server)."""
     prefix, sep, model = spec.strip().partition(":")
     if prefix != "openai" or not sep or not model.strip():
         raise ValueError(f"expected a model spec of the form 'openai:<model>', got {spec!r}")
-    return OpenAIChatModel(model.strip(), base_url or DEFAULT_BASE_URL, api_key, timeout, client=client)
+    return OpenAIChatModel(model.strip(), base_url, api_key, timeout, client=client, budget=budget)
 
 
 def _wire_message(message: Message) -> dict[str, Any]:
@@ -313,55 +173,3 @@ def _parse_content(content: Any) -> str | None:
     if isinstance(content, list):  # content parts: keep the text ones
         return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return str(content)
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The provider's own error message when the body has one, else an excerpt of the body."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, list) and body:  # Gemini's compatible endpoint wraps the error in a list
-        body = body[0]
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return str(error["message"])
-        if isinstance(error, str):  # Ollama and some proxies: {"error": "..."}
-            return error
-        if isinstance(body.get("message"), str):
-            return str(body["message"])
-    return _excerpt(response.text) or response.reason_phrase or "no error message"
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    """Seconds to wait from `retry-after-ms` (OpenAI, Azure) or `Retry-After` (seconds or HTTP date)."""
-    if (millis := _seconds(headers.get("retry-after-ms"))) is not None:
-        return millis / 1000
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    if (seconds := _seconds(value)) is not None:
-        return seconds
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def _seconds(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-def _excerpt(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"

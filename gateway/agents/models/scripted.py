@@ -4,6 +4,10 @@ Each rule maps a regular expression on the last user message to a reply, a tool 
 from the pattern's named groups) or a handoff. After tool results come back, the rule that asked
 for the tool composes the reply from them (its template may use ``{result}``, ``{result[key]}``
 and the pattern's groups).
+
+Rules read at most the first MAX_SCAN_CHARS characters of the message: a rule's regex runs on the
+event loop, and however linear its pattern, a long crafted message must not cost more than a
+platform's longest text (4,096 characters on WhatsApp and Telegram).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ if TYPE_CHECKING:
     from gateway.agents.agent import Agent
 
 DEFAULT_FALLBACK = "I'm not sure I understood. Could you rephrase that?"
+MAX_SCAN_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ class ScriptedModel:
     def __repr__(self) -> str:
         return f"ScriptedModel(rules={len(self.rules)})"
 
+    spec = "scripted"  # how usage and metrics name it
+
     async def respond(self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]) -> Message:
         user_text, since_user = _last_user_turn(history)
         available = {t.name for t in tools}
@@ -165,7 +172,7 @@ def _call_id_maker(history: Sequence[Message]) -> str:
 def _last_user_turn(history: Sequence[Message]) -> tuple[str, list[Message]]:
     for index in range(len(history) - 1, -1, -1):
         if history[index].role is Role.USER:
-            return history[index].content or "", list(history[index + 1 :])
+            return (history[index].content or "")[:MAX_SCAN_CHARS], list(history[index + 1 :])
     return "", list(history)
 
 

@@ -172,13 +172,14 @@
     route();
   }
 
-  // ---------- routing (#/sessions, #/sessions/<id>, #/stuck, #/outbox) ----------
+  // ---------- routing (#/sessions, #/sessions/<id>, #/stuck, #/outbox, #/usage) ----------
 
   function route() {
     if ($("app").hidden) return;
     const hash = location.hash || "#/sessions";
-    const view = hash === "#/stuck" ? "stuck" : hash === "#/outbox" ? "outbox" : "sessions";
-    for (const name of ["sessions", "stuck", "outbox"]) {
+    const views = { "#/stuck": "stuck", "#/outbox": "outbox", "#/usage": "usage" };
+    const view = views[hash] || "sessions";
+    for (const name of ["sessions", "stuck", "outbox", "usage"]) {
       $(`${name}-view`).hidden = name !== view;
       $(`tab-${name}`).classList.toggle("active", name === view);
     }
@@ -188,6 +189,10 @@
     }
     if (view === "outbox") {
       loadOutbox();
+      return;
+    }
+    if (view === "usage") {
+      loadUsage();
       return;
     }
     const prefix = "#/sessions/";
@@ -309,6 +314,7 @@
       if (seq !== state.openSeq) return;
       state.selected = session;
       renderTranscript(session);
+      loadSessionUsage(id, seq);
     } catch (error) {
       if (seq !== state.openSeq) return;
       if (error.status === 404) {
@@ -704,6 +710,59 @@
       fail(error);
       if (error.status === 404 || error.status === 409) loadOutbox(); // someone else changed it
     }
+  }
+
+  // ---------- model usage ----------
+
+  const number = (value) => (Number(value) || 0).toLocaleString("en-US");
+  const dollars = (value) => (value === null || value === undefined ? "n/a" : `$${Number(value).toFixed(4)}`);
+
+  function usageSummary(models) {
+    if (!models.length) return "";
+    const sum = (key) => models.reduce((total, m) => total + (Number(m[key]) || 0), 0);
+    const priced = models.every((m) => m.estimated_cost_usd !== null && m.estimated_cost_usd !== undefined);
+    const cost = priced ? ` · ${dollars(sum("estimated_cost_usd"))}` : "";
+    return `${number(sum("input_tokens"))} tokens in · ${number(sum("output_tokens"))} out · ${number(sum("calls"))} model calls${cost}`;
+  }
+
+  async function loadSessionUsage(id, seq) {
+    $("session-usage").textContent = "";
+    try {
+      const data = await api("GET", `/api/usage/sessions/${encodeURIComponent(id)}`);
+      if (seq !== state.openSeq) return;
+      const models = (data && Array.isArray(data.models)) ? data.models : [];
+      $("session-usage").textContent = usageSummary(models);
+      $("session-usage").title = models.map((m) => `${m.model}: ${number(m.turns)} turns`).join("\n");
+    } catch (error) {
+      fail(error);
+    }
+  }
+
+  let usageSeq = 0;
+  async function loadUsage() {
+    const seq = ++usageSeq;
+    try {
+      const data = await api("GET", "/api/usage?days=30");
+      if (seq !== usageSeq) return;
+      const rows = (data && Array.isArray(data.items)) ? data.items : [];
+      $("usage-rows").replaceChildren(...rows.map(usageRow));
+      $("usage-table").hidden = rows.length === 0;
+      $("usage-empty").hidden = rows.length > 0;
+    } catch (error) {
+      fail(error);
+    }
+  }
+
+  function usageRow(row) {
+    const tr = el("tr");
+    const seconds = (Number(row.latency_ms) || 0) / 1000;
+    for (const text of [
+      row.day || "", row.model || "", number(row.turns), number(row.calls), number(row.input_tokens),
+      number(row.output_tokens), number(row.tool_calls), `${seconds.toFixed(1)} s`, dollars(row.estimated_cost_usd),
+    ]) {
+      tr.append(el("td", null, text));
+    }
+    return tr;
   }
 
   // ---------- wiring ----------
