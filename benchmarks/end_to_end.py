@@ -218,9 +218,14 @@ def start_fake_platform(workdir: Path) -> Server:
 
 
 def start_gateway(
-    workdir: Path, api_base: str, database_url: str | None = None, name: str = "gateway"
+    workdir: Path,
+    api_base: str,
+    database_url: str | None = None,
+    name: str = "gateway",
+    extra: dict[str, str] | None = None,
 ) -> Server:
-    """`gateway serve` in `workdir`: on its default SQLite file there, or on `database_url`."""
+    """`gateway serve` in `workdir`: on its default SQLite file there, or on `database_url`; `extra`
+    settings (environment variables) on top of the benchmark's."""
     port = free_port()
     database = {} if database_url is None else {"GATEWAY_DATABASE_URL": database_url}
     env = (
@@ -238,6 +243,7 @@ def start_gateway(
             "GATEWAY_LOG_FORMAT": "json",
         }
     )
+    env |= extra or {}
     argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)]
     server = start_process(name, argv, workdir, env, f"http://127.0.0.1:{port}")
     wait_ready(server, f"http://127.0.0.1:{port}/readyz")

@@ -187,30 +187,17 @@ def start_fake(workdir: Path, name: str, factory: str) -> Server:
 
 
 def start_gateway(workdir: Path, telegram: str, model: str | None, extra: dict[str, str]) -> Server:
-    port = free_port()
-    env = clean_env() | {
-        "GATEWAY_TELEGRAM_SECRET_TOKEN": e2e.SECRET,
-        "GATEWAY_TELEGRAM_BOT_TOKEN": e2e.BOT_TOKEN,
-        "GATEWAY_TELEGRAM_API_BASE": telegram,
-        "GATEWAY_TELEGRAM_CHAT_PER_SECOND": "0",
-        "GATEWAY_TELEGRAM_GROUP_PER_MINUTE": "0",
-        "GATEWAY_TELEGRAM_GLOBAL_PER_SECOND": "0",
-        "GATEWAY_LOG_LEVEL": "warning",
-        "GATEWAY_LOG_FORMAT": "json",
-    }
+    """end_to_end.py's gateway (pacing off, the demo agent), or with `model` the fake server's agent."""
+    env: dict[str, str] = {}
     if model is not None:
-        env |= {
+        env = {
             "GATEWAY_MODEL": "openai:fake-model",
             "GATEWAY_OPENAI_BASE_URL": f"{model}/v1",
             "GATEWAY_OPENAI_API_KEY": API_KEY,
             "GATEWAY_AGENT": "model_agent:agent",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
         }
-    env |= extra
-    argv = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    server = start_process("gateway", argv, workdir, env, f"http://127.0.0.1:{port}")
-    e2e.wait_ready(server, f"http://127.0.0.1:{port}/readyz")
-    return server
+    return e2e.start_gateway(workdir, telegram, extra=env | extra)
 
 
 # --- one scenario ----------------------------------------------------------------------------------
