@@ -180,6 +180,53 @@ async def test_a_worker_that_lost_its_lease_commits_nothing(setup: tuple[Databas
     assert await runner.session_store.get("telegram:1") is None
 
 
+async def test_a_lost_lease_on_a_known_session_leaves_it_as_it_was(
+    setup: tuple[Database, Runner, Echo],
+) -> None:
+    engine, runner, _ = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/a")])
+    assert await InboxWorker(engine, runner).run_until_idle() == 1
+    await add_rows(engine, [("telegram:1", "telegram:1/b")])
+    worker = InboxWorker(engine, runner, owner="slow")
+    (row,) = await worker.claim(10)
+    async with engine.begin() as conn:  # its lease expired and another worker took the row
+        await conn.execute(update(InboxRow).where(InboxRow.id == row.id).values(lease_owner="other"))
+    await worker.process(row)
+    statuses = await table(engine, select(InboxRow.status, InboxRow.lease_owner).order_by(InboxRow.id))
+    assert statuses == [("done", None), ("pending", "other")]
+    assert len(await table(engine, select(OutboxRow.id))) == 1
+    session = await runner.session_store.get("telegram:1")
+    assert session is not None
+    assert [m.content for m in session.history] == ["telegram:1/a", "echo:telegram:1/a"]
+
+
+async def test_a_turn_on_a_session_deleted_meanwhile_writes_nothing_and_keeps_its_row(
+    setup: tuple[Database, Runner, Echo],
+) -> None:
+    engine, runner, model = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/a")])
+    assert await InboxWorker(engine, runner).run_until_idle() == 1
+    await add_rows(engine, [("telegram:1", "telegram:1/b")])
+    worker = InboxWorker(engine, runner, owner="w")
+    (row,) = await worker.claim(10)
+    deleted = False
+    respond = model.respond
+
+    async def delete_first(agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]) -> Message:
+        nonlocal deleted
+        if not deleted:  # an operator deletes the session while its model call runs
+            deleted = await runner.session_store.delete("telegram:1")
+        return await respond(agent, history, tools)
+
+    model.respond = delete_first  # type: ignore[method-assign]
+    await worker.process(row)
+    assert deleted
+    statuses = await table(engine, select(InboxRow.status).order_by(InboxRow.id))
+    assert statuses == [("done",), ("pending",)]
+    assert len(await table(engine, select(OutboxRow.id))) == 1
+    assert await runner.session_store.get("telegram:1") is None
+
+
 async def test_a_leased_row_is_not_claimed_twice(setup: tuple[Database, Runner, Echo]) -> None:
     engine, runner, _ = setup
     await add_rows(engine, [("telegram:1", "telegram:1/a"), ("telegram:2", "telegram:2/a")])
