@@ -136,12 +136,18 @@ async def settle(db: Database, table: Any, row_id: int, owner: str, values: dict
         return bool(conn.execute(statement, params).rowcount == 1)
 
     async def on_engine(conn: AsyncConnection) -> bool:
-        statement = _settle_statement(table, tuple(values))
-        params = {f"v_{name}": value for name, value in values.items()}
-        settled = await conn.execute(statement, {"row_id": row_id, "owner": owner, **params})
-        return bool(settled.rowcount == 1)
+        return await settle_on_engine(conn, table, row_id, owner, values)
 
     return await db.write_alone(on_file, on_engine)
+
+
+async def settle_on_engine(
+    conn: AsyncConnection, table: Any, row_id: int, owner: str, values: dict[str, Any]
+) -> bool:
+    statement = _settle_statement(table, tuple(values))
+    params = {f"v_{name}": value for name, value in values.items()}
+    settled = await conn.execute(statement, {"row_id": row_id, "owner": owner, **params})
+    return bool(settled.rowcount == 1)
 
 
 @functools.cache

@@ -36,6 +36,7 @@ from gateway.platforms.spec import PlatformSpec
 from gateway.store import outbox
 from gateway.store.database import Database
 from gateway.store.outbox import ClaimedReply
+from gateway.store.sent_replies import SentReplies
 from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
 from gateway.worker.pacing import Pacer, PacingLimits
 
@@ -78,6 +79,7 @@ class OutboxDelivery:
             release=lambda ids: outbox.release_many(self.database, ids, self.owner),
             lease_seconds=lease_seconds,
         )
+        self._sent = SentReplies(database)  # accepted replies, recorded in batches
         self._recording: set[asyncio.Task[bool]] = set()
         self._typing: set[asyncio.Task[None]] = set()
 
@@ -200,6 +202,10 @@ class OutboxDelivery:
         delay = 0.2
         while True:
             try:
+                if values.get("status") in ("sent", "dry_run"):
+                    return await self._sent.record(
+                        row.id, self.owner, values["status"], values.get("platform_message_id")
+                    )
                 return await outbox.finish(self.database, row.id, self.owner, **values)
             except Exception as exc:
                 if loop.time() + delay > deadline:
