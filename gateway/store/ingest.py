@@ -27,7 +27,7 @@ from typing import Any
 from gateway.domain.inbound import InboundMessage, MembershipChange, ParsedUpdate, StatusUpdate
 from gateway.domain.messages import utcnow
 from gateway.errors import GatewayError
-from gateway.store import chats, dedup, inbox, outbox, storable
+from gateway.store import chats, dedup, inbox, outbox, postgres_ingest, storable
 from gateway.store.database import Database
 from gateway.store.group_commit import Outcome
 from gateway.store.sqlite_thread import in_transaction, to_sqlite_datetime
@@ -122,6 +122,15 @@ class Ingest:
         # then the conversations' queue heads, which the inbox's trigger moves in session order, then
         # delivery statuses), so two batches never wait for each other in a cycle.
         distinct = sorted((items[i].key, items[i].platform) for i in first.values())
+        if db.dialect == "postgresql" and not any(item.status or item.membership for item in items):
+            firsts = [items[i].message for i in sorted(first.values())]
+            pending = [items[i].pending for i in sorted(first.values())]
+            claimed = await postgres_ingest.store_messages(
+                db, distinct, firsts, pending, now, dedup.expires_at(now, self._ttl)
+            )
+            return _per_request(
+                requests, [first[i.key] == n and i.key in claimed for n, i in enumerate(items)]
+            )
         rows = dedup.claim_rows(distinct, now, self._ttl)
         claim = dedup.claim_keys(db, rows).returning(ProcessedMessageRow.message_key)
         async with db.begin() as conn:
