@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, bindparam, update
+from sqlalchemy import JSON, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.messages import utcnow
@@ -45,7 +45,7 @@ async def claim(
     if limit <= 0:
         return []
     now = utcnow()
-    return await db.write(
+    return await db.write_alone(
         claim_on_file(table, columns, owner, now, now + lease, limit),
         claim_on_engine(table, columns, owner, now, now + lease, limit),
     )
@@ -75,10 +75,16 @@ def claim_on_file(
 def claim_on_engine(
     table: Any, columns: tuple[str, ...], owner: str, now: datetime, lease_until: datetime, limit: int
 ) -> Callable[[AsyncConnection], Any]:
-    """The same claim in SQLAlchemy, in one transaction."""
+    """The same claim in SQLAlchemy, outside a transaction (`Database.write_alone`): on PostgreSQL one
+    statement, heads then rows (one round trip instead of four with BEGIN and COMMIT); on in-memory
+    SQLite two, on the one connection nobody else uses meanwhile."""
     queue = table.__tablename__
 
     async def work(conn: AsyncConnection) -> list[Row]:
+        if conn.dialect.name == "postgresql":
+            params = {"b_queue": queue, "owner": owner, "now": now, "until": lease_until, "limit": limit}
+            leased = await conn.execute(_claim_statement(table, columns), params)
+            return sorted((tuple(row) for row in leased), key=lambda row: row[0])
         heads = await queue_heads.lease_on_engine(conn, queue, owner, now, lease_until, limit)
         if not heads:
             return []
@@ -89,6 +95,18 @@ def claim_on_engine(
         return sorted((tuple(row) for row in leased), key=lambda row: row[0])
 
     return work
+
+
+@functools.cache
+def _claim_statement(table: Any, columns: tuple[str, ...]) -> Any:
+    """PostgreSQL: the heads' lease (queue_heads.py) as a CTE, and the rows they point at."""
+    heads = queue_heads.lease_statement().cte("leased")
+    return (
+        update(table)
+        .where(table.id.in_(select(heads.c.next_id)), table.status == "pending")
+        .values(lease_owner=bindparam("owner"), lease_until=bindparam("until", type_=table.lease_until.type))
+        .returning(table.id, *(getattr(table, c) for c in columns))
+    )
 
 
 @functools.cache

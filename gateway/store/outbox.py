@@ -215,7 +215,7 @@ async def claim(
         rows = await claim_engine(conn)
         return rows, await chats.unreachable_on_engine(conn, _chats_of(rows))
 
-    rows, unreachable = await db.write(on_file, on_engine)
+    rows, unreachable = await db.write_alone(on_file, on_engine)  # see leases.claim_on_engine
     claimed = []
     for row_id, platform, session_id, kind, text, target_json, attempts, retry_until in rows:
         target_type = targets.get(platform, ReplyTarget)

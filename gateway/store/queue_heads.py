@@ -57,12 +57,12 @@ async def lease_on_engine(
     conn: AsyncConnection, queue: str, owner: str, now: datetime, lease_until: datetime, limit: int
 ) -> dict[int, str]:
     params = {"b_queue": queue, "owner": owner, "now": now, "until": lease_until, "limit": limit}
-    leased = await conn.execute(_lease_statement(), params)
+    leased = await conn.execute(lease_statement(), params)
     return {row_id: session for session, row_id in leased if row_id is not None}
 
 
 @functools.cache
-def _lease_statement() -> Any:
+def lease_statement() -> Any:
     """Built once (building it cost more than running it). The heads are picked once, in a
     materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again when it rechecks a row
     another transaction changed, and lease more heads than `limit`."""
