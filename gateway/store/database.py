@@ -4,7 +4,9 @@ Every repository (the modules beside this one) takes a `Database`. A hot stateme
 side by side in its table's module: `on_file`, plain SQL on the sqlite3 connection of the SQLite file's
 writer thread, and `on_engine`, SQLAlchemy Core on an async connection (PostgreSQL, in-memory SQLite).
 `Database.read` and `Database.write` run the spelling of the backend picked when the Database was
-built; nothing else asks which backend it is on.
+built; nothing else asks which backend it is on, except four writes of the per-message path, which
+have a PostgreSQL spelling of one statement each (turns.py, postgres_ingest.py, sent_replies.py and
+leases.py's claim; docs/architecture.md says why).
 
 Why the file gets its own spelling: through SQLAlchemy and aiosqlite every cursor step is its own hop
 to the driver's thread (a turn's save took 14), which capped a store near a thousand writes per
