@@ -30,12 +30,12 @@ from gateway.domain.text import split_message
 from gateway.domain.usage import ModelStats, TurnUsage, turn_usage
 from gateway.platforms.registry import PLATFORMS
 from gateway.platforms.spec import PlatformSpec, message_target
-from gateway.store import inbox, outbox
+from gateway.store import inbox, outages
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage, LeaseLostError
 from gateway.store.turns import TurnCompletion
 from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
-from gateway.worker.patience import Patience
+from gateway.worker.patience import Outage, Patience
 
 log = structlog.get_logger(__name__)
 
@@ -166,6 +166,9 @@ class InboxWorker:
         """A transient model failure: send the holding reply if due, wait, and say to try again; or,
         once the outage lasted the patience, give the row up (dead)."""
         outage = self.patience.failed(row.session_id)
+        if not outage.recorded and not await self._record_outage(row, outage):
+            log.warning("turn_lease_lost")
+            return False
         if self.patience.gives_up(outage):
             await self._failed(row, exc, dead=True)
             return False
@@ -187,17 +190,34 @@ class InboxWorker:
             raise
         return True
 
+    async def _record_outage(self, row: ClaimedMessage, outage: Outage) -> bool:
+        """The row's first failure here: read its outage from the row, which says whether it began
+        earlier (a restart, a takeover), or record it there. False when the row is no longer ours."""
+        try:
+            recorded = await outages.begin(self.database, row.id, self.owner, outage.started)
+        except Exception as exc:  # go on with this process's copy; recorded at the next failure
+            log.warning("outage_not_recorded", error=type(exc).__name__)
+            return True
+        if recorded is None:
+            return False
+        self.patience.recorded(outage, recorded.started, recorded.holding_queued)
+        return True
+
     async def _send_holding_reply(self, row: ClaimedMessage) -> bool:
-        """Queue the holding reply through the outbox, like any reply; False if it could not be."""
+        """Queue the holding reply through the outbox, like any reply, marking it on the row in the same
+        transaction (at most once per outage, whichever process runs the turn); False if it could not be."""
         target = _reply_target(row, self.reply_targets)
         reply = OutboundMessage(row.platform, row.session_id, OutboundKind.TEXT, target, self.holding_reply)
         try:
-            await outbox.enqueue(self.database, row.id, [reply])
+            queued = await outages.queue_holding_reply(self.database, row.id, self.owner, [reply], utcnow())
         except Exception as exc:  # tried again at the next failure
             log.warning("holding_reply_not_queued", error=type(exc).__name__)
             return False
-        log.info("holding_reply_queued")
-        self.on_committed()
+        if queued:
+            log.info("holding_reply_queued")
+            self.on_committed()
+        else:  # queued before (by whichever process), or the row is not ours any more
+            log.info("holding_reply_not_due")
         return True
 
     async def _release(self, row: ClaimedMessage) -> None:
