@@ -33,6 +33,7 @@ from gateway.platforms.spec import ConfiguredPlatform, PlatformSettings, Platfor
 from gateway.settings import Settings
 from gateway.store.database import Database
 from gateway.store.ingest import Ingest
+from gateway.worker.coalesce import Coalescer
 from gateway.worker.inbox import InboxWorker
 from gateway.worker.maintenance import purge_dedup_keys_periodically
 from gateway.worker.outbound import OutboxDelivery
@@ -197,7 +198,8 @@ def build_worker(
     busy: Callable[[], bool] = lambda: False,
     platforms: Sequence[PlatformSpec[Any]] = PLATFORMS,
 ) -> InboxWorker:
-    """The inbox worker, waking `delivery` after each turn (and starting the typing indicator if set)."""
+    """The inbox worker, waking `delivery` after each turn (and starting the typing indicator if set),
+    coalescing bursts when GATEWAY_COALESCE_MS is set."""
     worker = InboxWorker(
         database,
         runner,
@@ -208,6 +210,7 @@ def build_worker(
         concurrency=settings.max_turns_in_flight,
         patience=Patience(settings.model_retry_s, settings.holding_reply_after_s),
         holding_reply=settings.holding_reply,
+        coalescer=Coalescer(settings.coalesce_ms) if settings.coalesce_ms else None,
     )
     if settings.typing_indicator:
         worker.before_turn = delivery.indicate_typing

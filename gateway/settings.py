@@ -143,6 +143,13 @@ class Settings(BaseSettings):
         max_length=4096,
         description="The text of the holding reply.",
     )
+    coalesce_ms: int = Field(
+        default=0,
+        ge=0,
+        le=30_000,
+        description="Pending messages of one conversation that arrive within this many milliseconds of "
+        "each other are answered by one turn (0 = off): the worker waits that long after the newest.",
+    )
     agent: str = Field(
         default="gateway.demo:agent",
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",

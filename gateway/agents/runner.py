@@ -1,10 +1,11 @@
-"""The runner: one user message in, one reply out, with tools and handoffs, and an all-or-nothing turn."""
+"""The runner: a user message (or several sent in a row) in, one reply out, with tools and handoffs, and an
+all-or-nothing turn."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +65,9 @@ class Runner:
         self._model_factory = model_factory
         self._models: dict[int, Model] = {}
 
-    def run(self, session_id: str, user_message: str, metadata: Mapping[str, Any] | None = None) -> RunResult:
+    def run(
+        self, session_id: str, user_message: str | Sequence[str], metadata: Mapping[str, Any] | None = None
+    ) -> RunResult:
         """Blocking wrapper of run_async, for scripts; refuses to run inside an event loop."""
         try:
             asyncio.get_running_loop()
@@ -80,13 +83,16 @@ class Runner:
     async def run_async(
         self,
         session_id: str,
-        user_message: str,
+        user_message: str | Sequence[str],
         metadata: Mapping[str, Any] | None = None,
         *,
         commit_with: Callable[[list[Message]], object] | None = None,
         leased: bool = False,
     ) -> RunResult:
         """Run one turn. On any failure (exception, timeout, cancellation) the session is left as it was.
+
+        `user_message`: one message, or several the user sent in a row (a burst split over messages,
+        gathered by the gateway's worker): they are appended in order and answered by one reply.
 
         `commit_with` turns the turn's new messages into what the caller commits along with the
         session, in the same transaction (the gateway's worker: its inbox row done, the replies to
@@ -95,6 +101,9 @@ class Runner:
         checked again by that commit), so only this process's lock is taken: on PostgreSQL the
         cross-process lock holds a pooled connection for the whole turn.
         """
+        texts = [user_message] if isinstance(user_message, str) else list(user_message)
+        if not texts:
+            raise ValueError("a turn needs at least one user message")
         store = self.session_store
         async with store.session_lock(session_id, across_processes=not leased):
             session = await store.get_or_create(session_id, self.starting_agent)
@@ -103,7 +112,7 @@ class Runner:
             try:
                 if metadata:
                     session.metadata.update(metadata)  # after the checkpoint: a failed turn undoes it
-                new_messages = await self._turn(session, user_message)
+                new_messages = await self._turn(session, texts)
                 session._prune_history()
                 also = commit_with(new_messages) if commit_with is not None else None
                 if store.save_may_suspend:
@@ -132,14 +141,15 @@ class Runner:
             new_messages=new_messages,
         )
 
-    async def _turn(self, session: SessionContext, text: str) -> list[Message]:
+    async def _turn(self, session: SessionContext, texts: list[str]) -> list[Message]:
         new: list[Message] = []
 
         def add(message: Message) -> None:
             session.history.append(message)
             new.append(message)
 
-        add(Message(role=Role.USER, content=text))
+        for text in texts:
+            add(Message(role=Role.USER, content=text))
         agent = session.active_agent
         for round_number in range(self.max_tool_rounds + 1):
             tools = agent.all_tools()

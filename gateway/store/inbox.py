@@ -235,11 +235,20 @@ async def retry(db: Database, inbox_id: int) -> bool:
 
 
 async def requeue(db: Database, inbox_id: int) -> InboxItem | None:
-    """Like `retry`, answering the row as the requeue left it (None if there is no dead row with that id)."""
+    """Like `retry`, answering the row as the requeue left it (None if there is no dead row with that id).
+    Its model outage is forgotten: a row that gave up after GATEWAY_MODEL_RETRY_S gets a patience anew."""
     statement = (
         update(InboxRow)
         .where(InboxRow.id == inbox_id, InboxRow.status == "dead")
-        .values(status="pending", attempts=0, next_attempt_at=utcnow(), lease_owner=None, lease_until=None)
+        .values(
+            status="pending",
+            attempts=0,
+            next_attempt_at=utcnow(),
+            lease_owner=None,
+            lease_until=None,
+            outage_started_at=None,
+            holding_reply_at=None,
+        )
         .returning(*_ITEM_COLUMNS)
     )
     async with db.begin() as conn:

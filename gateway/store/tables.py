@@ -125,6 +125,9 @@ class InboxRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
     received_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+    # Its turn's model outage, kept across restarts and takeovers (gateway/store/outages.py).
+    outage_started_at: Mapped[datetime | None]
+    holding_reply_at: Mapped[datetime | None]
 
     __table_args__ = (
         Index(None, "status", "id"),  # operators' listing by status

@@ -1,4 +1,5 @@
-"""A turn's unit of work: the session's changes, its inbox row done and its replies, in one transaction.
+"""A turn's unit of work: the session's changes, its inbox row (or coalesced run of rows) done and its
+replies, in one transaction.
 
 The worker's turn must leave all three or none: a crash before the commit leaves the inbox row to be
 claimed again; a lost lease (another worker took the row) or a deleted session writes nothing.
@@ -17,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.outbound import OutboundMessage
 from gateway.domain.usage import TurnUsage
-from gateway.store import inbox, outbox, sessions, usage
+from gateway.store import inbox, outbox, runs, sessions, usage
 from gateway.store.database import Database
 from gateway.store.inbox import LeaseLostError
 from gateway.store.storable import json_text
@@ -28,12 +29,14 @@ __all__ = ["LeaseLostError", "TurnCompletion", "commit"]
 @dataclass(frozen=True)
 class TurnCompletion:
     """Marks inbox row `inbox_id` done, if `lease_owner` still holds it, queues `outbound` and records
-    what its model calls cost (`usage`, per model)."""
+    what its model calls cost (`usage`, per model). `also_done`: the other rows of a coalesced run
+    (store/runs.py), answered by the same turn and marked done with it, each if still held."""
 
     inbox_id: int
     lease_owner: str
     outbound: list[OutboundMessage] = field(default_factory=list)
     usage: list[TurnUsage] = field(default_factory=list)
+    also_done: tuple[int, ...] = ()
 
 
 async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnCompletion | None = None) -> bool:
@@ -57,6 +60,8 @@ async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnComplet
             return False
         if completion is not None and replies_file is not None and usage_file is not None:
             inbox.complete_on_file(conn, completion.inbox_id, completion.lease_owner, now)
+            if completion.also_done:
+                runs.complete_on_file(conn, completion.also_done, completion.lease_owner, now)
             replies_file(conn)
             usage_file(conn)
         return True
@@ -67,6 +72,8 @@ async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnComplet
             return False
         if completion is not None:
             await inbox.complete_on_engine(conn, completion.inbox_id, completion.lease_owner, now)
+            if completion.also_done:
+                await runs.complete_on_engine(conn, completion.also_done, completion.lease_owner, now)
             await outbox.insert_on_engine(conn, completion.inbox_id, completion.outbound, now)
             await usage.insert_on_engine(conn, completion.inbox_id, turn.session_id, completion.usage, now)
         return True

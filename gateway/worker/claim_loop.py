@@ -8,9 +8,10 @@ new rows start every BUSY_CLAIM_DELAY_SECONDS (rows in flight go on): acknowledg
 and a flood's backlog is worked off right after it.
 
 Leases are short (a crashed process's rows are taken over within one lease) and a heartbeat renews
-those of the rows in flight every third of a lease, so a slow model call or a long wait for a pacing
-slot keeps its row. A row whose lease was nevertheless lost (the database was away longer than the
-lease, and another process took the row) has its task cancelled: its result could not be recorded.
+those of the rows in flight every third of a lease (with the rows a task took on besides its own, see
+`attach`), so a slow model call or a long wait for a pacing slot keeps its row. A row whose lease was
+nevertheless lost (the database was away longer than the lease, and another process took the row)
+has its task cancelled: its result could not be recorded.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class ClaimLoop(Generic[Row]):
         self._wake = asyncio.Event()
         self._claim_at = max(1, concurrency // 4)  # free slots worth a claim while others are busy
         self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._running: set[asyncio.Task[None]] = set()
+        self._attached: dict[asyncio.Task[None], list[int]] = {}
 
     def wake(self) -> None:
         """New rows were stored in this process: look now instead of at the next poll."""
@@ -89,7 +92,7 @@ class ClaimLoop(Generic[Row]):
 
     async def run(self) -> None:
         """Claim and process rows until cancelled; rows in flight are cancelled with it."""
-        running: set[asyncio.Task[None]] = set()
+        running = self._running
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"{self.name}-heartbeat")
         try:
             while True:
@@ -138,7 +141,20 @@ class ClaimLoop(Generic[Row]):
 
     def _finished(self, row_id: int, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(row_id, None)
+        for attached in self._attached.pop(task, ()):
+            self._in_flight.pop(attached, None)
         self._wake.set()
+
+    def attach(self, row_ids: list[int]) -> None:
+        """Rows the current task leased besides the one it was started for (a coalesced run): the
+        heartbeat renews them with it, and cancels the task if one of them is lost. Outside `run`
+        (`run_until_idle`: no heartbeat) there is nothing to do."""
+        task = asyncio.current_task()
+        if task not in self._running:
+            return
+        self._attached.setdefault(task, []).extend(row_ids)
+        for row_id in row_ids:
+            self._in_flight[row_id] = task
 
     async def renew_now(self, row_id: int) -> bool:
         """Extend one row's lease before an action that must not be repeated (a send after a wait):

@@ -6,6 +6,11 @@ together with its inbox row (done) and its replies (outbox rows, gateway/store/t
 that dies before that commit leaves the row to be claimed again when its lease expires, and one that
 lost its lease commits nothing.
 
+With coalescing on (gateway/worker/coalesce.py), the claimed row is the first of a run: the rows of
+its conversation's burst, leased with it, answered by one turn and marked done by its commit. A run
+shares its outcome: its rows fail, wait or are handed back together (its first row, the claimed one,
+carries the outage and the attempts).
+
 Failures: a transient model failure is tried again within the outage patience (gateway/worker/
 patience.py), in the same task and lease; a permanent one (a 4xx such as 400 or 401) makes the row
 dead at once; anything else is retried with backoff up to `max_attempts` times.
@@ -30,12 +35,13 @@ from gateway.domain.text import split_message
 from gateway.domain.usage import ModelStats, TurnUsage, turn_usage
 from gateway.platforms.registry import PLATFORMS
 from gateway.platforms.spec import PlatformSpec, message_target
-from gateway.store import inbox, outbox
+from gateway.store import inbox, outages, runs
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage, LeaseLostError
 from gateway.store.turns import TurnCompletion
 from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
-from gateway.worker.patience import Patience
+from gateway.worker.coalesce import Coalescer
+from gateway.worker.patience import Outage, Patience
 
 log = structlog.get_logger(__name__)
 
@@ -63,12 +69,14 @@ class InboxWorker:
         patience: Patience | None = None,
         holding_reply: str = DEFAULT_HOLDING_REPLY,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        coalescer: Coalescer | None = None,
     ) -> None:
         """`on_committed` runs after each committed turn (it wakes the delivery of the replies);
         `busy` says whether this process's webhooks are waiting for a commit; `before_turn` gets the
         platform and reply target of each turn about to run (the typing indicator); `platforms`
         build the reply targets; `patience` rules transient model failures (`holding_reply` is sent
-        when it says so); `sleep` waits between tries (tests)."""
+        when it says so); `sleep` waits between tries (tests); `coalescer` (None: off) gathers a
+        burst of a conversation's messages into one turn."""
         self.database = database
         self.runner = runner
         self.on_committed = on_committed
@@ -79,6 +87,7 @@ class InboxWorker:
         self.owner = owner or owner_id("in")
         self.patience = Patience(DEFAULT_MODEL_RETRY_SECONDS) if patience is None else patience
         self.holding_reply = holding_reply
+        self.coalescer = coalescer
         self.model_stats = ModelStats()  # the committed turns' model usage, for /metrics
         self._sleep = sleep
         # Through lambdas, so the loop always calls the current methods (tests wrap them).
@@ -114,16 +123,29 @@ class InboxWorker:
         return await inbox.claim(self.database, self.owner, self.lease, limit)
 
     async def process(self, row: ClaimedMessage) -> None:
-        """Run the row's turn; after a transient model failure, again, until it commits or gives up."""
+        """Run the row's turn (with the rows of its burst, when coalescing); after a transient model
+        failure, again, until it commits or gives up."""
         with structlog.contextvars.bound_contextvars(inbox_id=row.id, session_id=row.session_id):
+            run = [row]
             try:
-                while await self._try(row):
+                if self.coalescer is not None:
+                    await self._gather(run, self.coalescer)
+                while await self._try(run):
                     pass
-            finally:  # done with the row, whatever the outcome: the conversation's outage ends
+            finally:  # done with the row, whatever the outcome: this process's copy of its outage goes
                 self.patience.ended(row.session_id)
 
-    async def _try(self, row: ClaimedMessage) -> bool:
-        """One try of the row's turn: True when it is worth another (after the wait it did)."""
+    async def _gather(self, run: list[ClaimedMessage], coalescer: Coalescer) -> None:
+        try:
+            await coalescer.gather(self.database, run, self.owner, self.lease, self.loop.attach)
+        except asyncio.CancelledError:  # shutting down, or the lease was lost: hand the rows back now
+            await asyncio.shield(self._release(run))
+            raise
+
+    async def _try(self, run: list[ClaimedMessage]) -> bool:
+        """One try of the run's turn: True when it is worth another (after the wait it did). The reply
+        answers the newest message of the run (its reply target, its user's details)."""
+        row = run[-1]
         message = row.message
         metadata = {
             key: value
@@ -137,40 +159,54 @@ class InboxWorker:
             nonlocal usages
             reply = new_messages[-1].content or ""
             usages = turn_usage(new_messages)
-            return TurnCompletion(row.id, self.owner, _replies(row, reply, self.reply_targets), usages)
+            replies = _replies(run, reply, self.reply_targets)
+            done = tuple(earlier.id for earlier in run[:-1])
+            return TurnCompletion(row.id, self.owner, replies, usages, also_done=done)
 
+        texts = [earlier.text or "" for earlier in run]
         self.before_turn(row.platform, _reply_target(row, self.reply_targets))
         try:
             await self.runner.run_async(
-                row.session_id, row.text or "", metadata, commit_with=commit_with, leased=True
+                row.session_id,
+                texts[0] if len(texts) == 1 else texts,
+                metadata,
+                commit_with=commit_with,
+                leased=True,
             )
         except LeaseLostError:
             log.warning("turn_lease_lost")
         except asyncio.CancelledError:
-            # Shutting down: hand the row back now rather than when its lease expires.
-            await asyncio.shield(self._release(row))
+            # Shutting down: hand the rows back now rather than when their leases expire.
+            await asyncio.shield(self._release(run))
             raise
         except ModelError as exc:
             if exc.transient:
-                return await self._wait_out(row, exc)
-            await self._failed(row, exc, dead=exc.permanent)
+                return await self._wait_out(run, exc)
+            await self._failed(run, exc, dead=exc.permanent)
         except Exception as exc:
-            await self._failed(row, exc)
+            await self._failed(run, exc)
         else:
-            log.info("turn_committed")
+            if len(run) > 1:
+                log.info("turn_committed", rows=len(run))
+            else:
+                log.info("turn_committed")
             self.model_stats.record(usages)
             self.on_committed()
         return False
 
-    async def _wait_out(self, row: ClaimedMessage, exc: ModelError) -> bool:
+    async def _wait_out(self, run: list[ClaimedMessage], exc: ModelError) -> bool:
         """A transient model failure: send the holding reply if due, wait, and say to try again; or,
-        once the outage lasted the patience, give the row up (dead)."""
+        once the outage lasted the patience, give the run up (dead). The outage is the first row's."""
+        row = run[0]
         outage = self.patience.failed(row.session_id)
+        if not outage.recorded and not await self._record_outage(row, outage):
+            log.warning("turn_lease_lost")
+            return False
         if self.patience.gives_up(outage):
-            await self._failed(row, exc, dead=True)
+            await self._failed(run, exc, dead=True)
             return False
         if self.patience.holding_due(outage):
-            outage.holding_sent = await self._send_holding_reply(row)
+            outage.holding_sent = await self._send_holding_reply(row, run[-1])
         delay = self.patience.delay(outage)
         log.warning(
             "turn_waiting_for_model",
@@ -183,45 +219,80 @@ class InboxWorker:
         try:
             await self._sleep(delay)  # the lease is kept meanwhile: the heartbeat renews rows in flight
         except asyncio.CancelledError:
-            await asyncio.shield(self._release(row))  # shutting down: hand the row back now
+            await asyncio.shield(self._release(run))  # shutting down: hand the rows back now
             raise
         return True
 
-    async def _send_holding_reply(self, row: ClaimedMessage) -> bool:
-        """Queue the holding reply through the outbox, like any reply; False if it could not be."""
-        target = _reply_target(row, self.reply_targets)
+    async def _record_outage(self, row: ClaimedMessage, outage: Outage) -> bool:
+        """The row's first failure here: read its outage from the row, which says whether it began
+        earlier (a restart, a takeover), or record it there. False when the row is no longer ours."""
+        try:
+            recorded = await outages.begin(self.database, row.id, self.owner, outage.started)
+        except Exception as exc:  # go on with this process's copy; recorded at the next failure
+            log.warning("outage_not_recorded", error=type(exc).__name__)
+            return True
+        if recorded is None:
+            return False
+        self.patience.recorded(outage, recorded.started, recorded.holding_queued)
+        return True
+
+    async def _send_holding_reply(self, row: ClaimedMessage, newest: ClaimedMessage) -> bool:
+        """Queue the holding reply through the outbox, like any reply (to the `newest` message of the
+        run), marking it on the row in the same transaction (at most once per outage, whichever process
+        runs the turn); False if it could not be."""
+        target = _reply_target(newest, self.reply_targets)
         reply = OutboundMessage(row.platform, row.session_id, OutboundKind.TEXT, target, self.holding_reply)
         try:
-            await outbox.enqueue(self.database, row.id, [reply])
+            queued = await outages.queue_holding_reply(self.database, row.id, self.owner, [reply], utcnow())
         except Exception as exc:  # tried again at the next failure
             log.warning("holding_reply_not_queued", error=type(exc).__name__)
             return False
-        log.info("holding_reply_queued")
-        self.on_committed()
+        if queued:
+            log.info("holding_reply_queued")
+            self.on_committed()
+        else:  # queued before (by whichever process), or the row is not ours any more
+            log.info("holding_reply_not_due")
         return True
 
-    async def _release(self, row: ClaimedMessage) -> None:
+    async def _release(self, run: list[ClaimedMessage]) -> None:
         try:
-            await inbox.release(self.database, row.id, self.owner)
-        except Exception as exc:  # the lease expires on its own
+            if len(run) == 1:
+                await inbox.release(self.database, run[0].id, self.owner)
+            else:  # together: handing back one row of a run ends the lease of its conversation's head
+                await inbox.release_many(self.database, [row.id for row in run], self.owner)
+        except Exception as exc:  # the leases expire on their own
             log.warning("turn_release_failed", error=type(exc).__name__)
 
-    async def _failed(self, row: ClaimedMessage, exc: Exception, *, dead: bool = False) -> None:
-        """Record the failure: retried later with backoff, or dead (`dead`, or out of attempts)."""
-        attempts = row.attempts + 1
+    async def _failed(self, run: list[ClaimedMessage], exc: Exception, *, dead: bool = False) -> None:
+        """Record the failure on every row of the run: retried later with backoff, or dead (`dead`, or
+        out of attempts, counted on the first row)."""
+        attempts = run[0].attempts + 1
         error = f"{type(exc).__name__}: {exc}"[:1000]
         dead = dead or attempts >= self.max_attempts
         delay = min(BACKOFF_CAP_SECONDS, 2**attempts) * random.uniform(0.5, 1.0)
+        retry_at = utcnow() + timedelta(seconds=delay)
         try:
-            await inbox.fail(
-                self.database,
-                row.id,
-                self.owner,
-                attempts=attempts,
-                error=error,
-                retry_at=utcnow() + timedelta(seconds=delay),
-                dead=dead,
-            )
+            if len(run) == 1:
+                await inbox.fail(
+                    self.database,
+                    run[0].id,
+                    self.owner,
+                    attempts=attempts,
+                    error=error,
+                    retry_at=retry_at,
+                    dead=dead,
+                )
+            else:
+                ids = [row.id for row in run]
+                await runs.fail(
+                    self.database,
+                    ids,
+                    self.owner,
+                    attempts=attempts,
+                    error=error,
+                    retry_at=retry_at,
+                    dead=dead,
+                )
         except Exception as store_error:  # the lease expires and the row is retried anyway
             log.warning("turn_failure_not_recorded", error=type(store_error).__name__)
         if dead:
@@ -243,11 +314,18 @@ def _reply_target(row: ClaimedMessage, builders: ReplyTargets) -> ReplyTarget:
     return build(row.message) if build is not None else message_target(ReplyTarget, row.message)
 
 
-def _replies(row: ClaimedMessage, reply: str, builders: ReplyTargets) -> list[OutboundMessage]:
+def _replies(run: list[ClaimedMessage], reply: str, builders: ReplyTargets) -> list[OutboundMessage]:
+    """The reply to the run's newest message, after the answer to each button press among the run (the
+    user's spinner stops only when its query is answered)."""
+    entries = [
+        OutboundMessage(
+            row.platform, row.session_id, OutboundKind.ANSWER_CALLBACK, _reply_target(row, builders)
+        )
+        for row in run
+        if row.message.callback_query_id
+    ]
+    row = run[-1]
     target = _reply_target(row, builders)
-    entries = []
-    if row.message.callback_query_id:  # the user's spinner stops only when the query is answered
-        entries.append(OutboundMessage(row.platform, row.session_id, OutboundKind.ANSWER_CALLBACK, target))
     # Platforms cap a message at 4,096 characters: a longer reply goes out as several, in order.
     entries.extend(
         OutboundMessage(row.platform, row.session_id, OutboundKind.TEXT, target, part)

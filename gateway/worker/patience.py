@@ -3,20 +3,26 @@ hears about it.
 
 A turn whose model failed transiently (timeout, 429, 5xx, connection: `ModelError.transient`) is tried
 again in its own task, which keeps its inbox row's lease (the claim loop's heartbeat renews it), so the
-conversation's later messages wait behind it, in order. It gives up (the row is dead) once the
-conversation's outage has lasted `retry_seconds`. After `holding_after_seconds` of outage, the user gets
-one holding reply; an outage of a conversation ends when the worker is done with the waiting row
-(committed, or dead), and later messages waited behind that row, so the reply goes out at most once
-per outage. Outages are known to this process
-only: after a restart the count starts again.
+conversation's later messages wait behind it, in order. It gives up (the row is dead) once the row's
+outage has lasted `retry_seconds`. After `holding_after_seconds` of outage, the user gets one holding
+reply. The later messages wait behind the row, so one outage of a conversation is one waiting row, and
+the reply goes out at most once per outage.
+
+The outage is the row's, not the process's: its start and its holding reply are kept on the inbox row
+(gateway/store/outages.py). The worker reads them at the row's first failure in this process, so after
+a restart, or when another replica takes the row over, the budget counts from the outage's first failure
+and no second holding reply goes out. Hence a wall clock (UTC), which processes share, not a monotonic
+one. What this object keeps is that state's copy for the rows this process runs, plus their failures.
 """
 
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+
+from gateway.domain.messages import utcnow
 
 __all__ = ["BACKOFF_CAP_SECONDS", "Outage", "Patience"]
 
@@ -26,11 +32,12 @@ BACKOFF_FIRST_SECONDS = 1.0
 
 @dataclass
 class Outage:
-    """One conversation's run of transient model failures."""
+    """One conversation's run of transient model failures, as this process knows it."""
 
-    started: float
+    started: datetime
     failures: int = 0
     holding_sent: bool = False
+    recorded: bool = False  # read from (and written to) the row: else tried again at the next failure
 
 
 class Patience:
@@ -39,7 +46,7 @@ class Patience:
         retry_seconds: float,
         holding_after_seconds: float = 0.0,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         """`holding_after_seconds` 0: no holding reply."""
         self.retry_seconds = retry_seconds
@@ -47,21 +54,33 @@ class Patience:
         self._clock = clock
         self._outages: dict[str, Outage] = {}
 
+    def now(self) -> datetime:
+        return self._clock()
+
     def failed(self, session_id: str) -> Outage:
-        """A turn of the conversation failed transiently: its outage, started now if it was not on."""
+        """A turn of the conversation failed transiently: its outage, started now if this process knew
+        of none (`recorded` then says the row was not read yet)."""
         outage = self._outages.get(session_id)
         if outage is None:
             outage = self._outages[session_id] = Outage(self._clock())
         outage.failures += 1
         return outage
 
+    def recorded(self, outage: Outage, started: datetime, holding_sent: bool) -> None:
+        """What the row holds of its outage: it may have begun before, in a process that ran the turn
+        earlier, which may have sent the holding reply."""
+        outage.started = started
+        outage.holding_sent = outage.holding_sent or holding_sent
+        outage.recorded = True
+
     def ended(self, session_id: str) -> None:
-        """The worker is done with a row of the conversation (committed, dead, or another's now): its
-        outage, if any, is over; the next message starts a patience of its own."""
+        """The worker is done with a row of the conversation here (committed, dead, failed, or handed
+        back): forget this process's copy. The row keeps its own until it is done or dead, and the next
+        row starts a patience of its own."""
         self._outages.pop(session_id, None)
 
     def elapsed(self, outage: Outage) -> float:
-        return self._clock() - outage.started
+        return (self._clock() - outage.started).total_seconds()
 
     def gives_up(self, outage: Outage) -> bool:
         return self.elapsed(outage) >= self.retry_seconds

@@ -251,3 +251,42 @@ async def test_upgrading_with_a_backlog_gives_every_waiting_conversation_its_que
         assert [row.text for row in claimed] == ["a/0", "b/3"]  # c's first message is still leased
     finally:
         await db.aclose()
+
+
+async def test_the_outage_columns_come_and_go_and_the_queue_heads_keep_working(database_url: str) -> None:
+    """Migration 0010 adds the inbox's outage columns; its downgrade drops them without rebuilding the
+    table, so the queue-head triggers (0007) still move a conversation on after it."""
+    from datetime import UTC, datetime, timedelta
+
+    from gateway.store import inbox
+    from gateway.store.database import Database
+
+    def inbox_columns(sync_conn: object) -> set[str]:
+        return {c["name"] for c in inspect(sync_conn).get_columns("chatflow_inbox")}
+
+    db = Database.open(database_url)
+    try:
+        await migrations.upgrade(db)
+        async with db.connect() as conn:
+            assert {"outage_started_at", "holding_reply_at"} <= await conn.run_sync(inbox_columns)
+        await migrations.downgrade(db, "0009")
+        async with db.begin() as conn:
+            assert not {"outage_started_at", "holding_reply_at"} & await conn.run_sync(inbox_columns)
+            for number in range(2):
+                await conn.execute(
+                    text(
+                        "INSERT INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, "
+                        "text, message_json, status, attempts, next_attempt_at, received_at) VALUES "
+                        "(:key, 'telegram', 'telegram:a', :id, 'text', :text, '{}', 'pending', 0, :now, :now)"
+                    ),
+                    {"key": f"k{number}", "id": str(number), "text": f"a/{number}", "now": datetime.now(UTC)},
+                )
+        (first,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+        assert first.text == "a/0"
+        async with db.begin() as conn:
+            await conn.execute(
+                text("UPDATE chatflow_inbox SET status = 'done' WHERE id = :id"), {"id": first.id}
+            )
+        assert [row.text for row in await inbox.claim(db, "w", timedelta(seconds=30), 10)] == ["a/1"]
+    finally:
+        await db.aclose()

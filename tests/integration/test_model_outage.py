@@ -1,11 +1,13 @@
-"""Outage patience: transient model failures are waited out in order, the user hears once, permanent
-ones dead-letter at once, and a waiting turn keeps (or, shutting down, gives back) its lease."""
+"""Outage patience: transient model failures are waited out in order, the user hears once (also after
+a takeover by another worker), permanent ones dead-letter at once, and a waiting turn keeps (or,
+shutting down, gives back) its lease."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
@@ -14,7 +16,8 @@ from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ModelError, ToolSpec
 from gateway.agents.models.budget import Grant, ProviderBudget
 from gateway.agents.models.openai_compat import OpenAIChatModel
-from gateway.store import migrations
+from gateway.domain.outbound import OutboundKind, OutboundMessage, TelegramTarget
+from gateway.store import inbox, migrations, outages
 from gateway.store.database import Database
 from gateway.store.tables import InboxRow, OutboxRow
 from gateway.worker.inbox import InboxWorker
@@ -49,18 +52,24 @@ class Flaky:
 
 
 class FakeTime:
-    """The patience's clock, moved on by the worker's waits: outages last exactly what was waited."""
+    """The patience's clock, moved on by the worker's waits: outages last exactly what was waited.
+    `now` is the seconds since the test began; the clock answers the wall-clock time of that."""
 
     def __init__(self) -> None:
-        self.now = 0.0
+        self.start = datetime.now(UTC)
+        self.micros = 0  # whole microseconds, as a datetime holds them: no rounding between the two
         self.waits: list[float] = []
 
-    def clock(self) -> float:
-        return self.now
+    @property
+    def now(self) -> float:
+        return self.micros / 1e6
+
+    def clock(self) -> datetime:
+        return self.start + timedelta(microseconds=self.micros)
 
     async def sleep(self, seconds: float) -> None:
         self.waits.append(seconds)
-        self.now += seconds
+        self.micros += round(seconds * 1e6)
 
 
 @pytest.fixture
@@ -253,3 +262,92 @@ async def test_a_turn_waiting_for_its_provider_budget_keeps_its_lease(
 
     assert await table(database, select(InboxRow.status, InboxRow.lease_owner)) == [("pending", None)]
     assert budget.in_flight == budget.waiting == 0
+
+
+@pytest.mark.parametrize("stop", ["handed back", "lease expired"])
+async def test_a_takeover_goes_on_with_the_outage_and_sends_no_second_holding_reply(
+    setup: tuple[Database, Runner, Flaky], stop: str
+) -> None:
+    """Worker A waits out 45 s of outage and sends the holding reply, then stops: shutting down (its
+    lease handed back) or stalled until its lease expired. Worker B, a new object with a patience of
+    its own (as after a restart, or on another replica), takes the row: it sends no second holding
+    reply and gives up 120 s after the outage's first failure, not 120 s after its own."""
+    database, runner, model = setup
+    await add_rows(database, [("telegram:1", "telegram:1/a")])
+    model.down = 1_000_000
+    time = FakeTime()
+    parked = asyncio.Event()
+
+    async def wait_then_stop(seconds: float) -> None:
+        await time.sleep(seconds)
+        if time.now >= 45:
+            parked.set()
+            await asyncio.Event().wait()  # A stops here: cancelled, or stalled past its lease
+
+    first = InboxWorker(
+        database,
+        runner,
+        patience=Patience(120, 30, clock=time.clock),
+        holding_reply=HOLDING,
+        sleep=wait_then_stop,
+        owner="first",
+        lease_seconds=30 if stop == "handed back" else -1,  # -1: A's lease has expired at once
+    )
+    (row,) = await first.claim(10)
+    running = asyncio.create_task(first.process(row))
+    async with asyncio.timeout(30):
+        await parked.wait()
+    if stop == "handed back":
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        assert await table(database, select(InboxRow.lease_owner)) == [(None,)]
+    assert await table(database, select(OutboxRow.text)) == [(HOLDING,)]
+    taken_over_at = time.now
+
+    second = InboxWorker(
+        database,
+        runner,
+        patience=Patience(120, 30, clock=time.clock),
+        holding_reply=HOLDING,
+        sleep=time.sleep,
+        owner="second",
+    )
+    assert await second.run_until_idle() == 1
+
+    assert 120 <= time.now < 121
+    assert time.now - taken_over_at < 120 - 45 + 1
+    rows = await table(database, select(InboxRow.status, InboxRow.lease_owner, InboxRow.last_error))
+    assert [(status, owner) for status, owner, _ in rows] == [("dead", None)]
+    assert "503" in rows[0][2]
+    assert await table(database, select(OutboxRow.text)) == [(HOLDING,)]  # still the one from A
+    if not running.done():  # the stalled A, stopped now: its row is B's outcome, not A's to hand back
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    assert await table(database, select(InboxRow.status)) == [("dead",)]
+
+    # An operator's requeue gives the row a patience anew.
+    assert await inbox.retry(database, row.id)
+    outage = await table(database, select(InboxRow.outage_started_at, InboxRow.holding_reply_at))
+    assert outage == [(None, None)]
+
+
+async def test_the_holding_reply_is_queued_once_per_row_and_only_by_its_holder(
+    setup: tuple[Database, Runner, Flaky],
+) -> None:
+    database, _, _ = setup
+    await add_rows(database, [("telegram:1", "telegram:1/a")])
+    (row,) = await inbox.claim(database, "holder", timedelta(seconds=30), 10)
+    reply = OutboundMessage("telegram", row.session_id, OutboundKind.TEXT, TelegramTarget("1"), HOLDING)
+    now = datetime.now(UTC)
+
+    assert not await outages.queue_holding_reply(database, row.id, "someone else", [reply], now)
+    assert await outages.queue_holding_reply(database, row.id, "holder", [reply], now)
+    assert not await outages.queue_holding_reply(database, row.id, "holder", [reply], now)
+
+    assert await table(database, select(OutboxRow.inbox_id, OutboxRow.text)) == [(row.id, HOLDING)]
+    assert await outages.begin(database, row.id, "holder", now) == outages.Recorded(now, holding_queued=True)
+    later = await outages.begin(database, row.id, "holder", now + timedelta(seconds=5))
+    assert later == outages.Recorded(now, holding_queued=True)  # it began before: kept
+    assert await outages.begin(database, row.id, "someone else", now) is None

@@ -90,6 +90,38 @@ async def test_a_completed_turn_is_stored_with_its_tool_exchange(store: BaseSess
     assert stored.title == "hello"
 
 
+class Recording:
+    """Answers with how many user messages it saw, and keeps each history it was given."""
+
+    def __init__(self) -> None:
+        self.histories: list[list[tuple[Role, str | None]]] = []
+
+    async def respond(self, agent: Agent, history: Sequence[Message], tools: Sequence[ToolSpec]) -> Message:
+        self.histories.append([(m.role, m.content) for m in history])
+        return say(f"{sum(m.role is Role.USER for m in history)} messages")
+
+
+async def test_several_user_messages_are_one_turn_with_one_reply(store: BaseSessionStore) -> None:
+    """A burst the user split over messages: appended in order, one model call, one reply."""
+    model = Recording()
+    runner = Runner(Agent("A", "a", model=model), store)
+    result = await runner.run_async("s", ["hi", "my order 1001", "where is it?"])
+    assert result.content == "3 messages"
+    user = Role.USER
+    assert model.histories == [[(user, "hi"), (user, "my order 1001"), (user, "where is it?")]]
+    stored = await store.get("s")
+    assert stored is not None
+    assert [(m.role, m.content) for m in stored.history] == [
+        (user, "hi"),
+        (user, "my order 1001"),
+        (user, "where is it?"),
+        (Role.MODEL, "3 messages"),
+    ]
+    assert stored.title == "hi"
+    with pytest.raises(ValueError, match="at least one user message"):
+        await runner.run_async("s", [])
+
+
 @pytest.mark.parametrize("failure", ["exception", "timeout", "cancellation"])
 async def test_a_failed_turn_leaves_the_session_exactly_as_it_was(
     store: BaseSessionStore, failure: str
