@@ -86,12 +86,15 @@ async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnComplet
 # costs the gateway ~150 us of CPU in the driver and the kernel alone, and this cut its CPU per message
 # by a fifth (benchmarks/postgres.py). A statement is atomic by itself, and each write in it is gated
 # on the one before through EXISTS: the session row is locked first (a concurrent delete then waits
-# for this commit, or won before it and nothing is written), the inbox row is marked done only while
-# its lease is ours, and the rest only once it was. Rows go in through unnest() of one array per
+# for this commit, or won before it and nothing is written), the inbox rows (the turn's, and a
+# coalesced run's, store/runs.py) are locked and marked done only while every lease is ours, and the
+# rest only once they were. Rows go in through unnest() of one array per
 # column, in their order.
 _DONE = (
+    "held AS MATERIALIZED (SELECT id FROM chatflow_inbox WHERE id = ANY(:run) AND lease_owner = :owner "
+    "AND status = 'pending' ORDER BY id FOR UPDATE), "
     "done AS (UPDATE chatflow_inbox SET status = 'done', finished_at = :now, lease_owner = NULL, "
-    "lease_until = NULL WHERE id = :inbox_id AND lease_owner = :owner AND status = 'pending' "
+    "lease_until = NULL WHERE id IN (SELECT id FROM held) AND (SELECT count(*) FROM held) = :run_size "
     "AND EXISTS (SELECT FROM live) RETURNING 1)"
 )
 _SESSION_UPDATED = (
@@ -144,6 +147,7 @@ _ARRAY_TYPES: dict[str, Any] = {
     "u_outputs": ARRAY(BigInteger),
     "u_latencies": ARRAY(Integer),
     "u_tools": ARRAY(Integer),
+    "run": ARRAY(BigInteger),
 }
 _SCALAR_TYPES: dict[str, Any] = {
     "now": DateTime(timezone=True),
@@ -151,6 +155,7 @@ _SCALAR_TYPES: dict[str, Any] = {
     "created_at": DateTime(timezone=True),
     "inbox_id": BigInteger,
     "message_count": Integer,
+    "run_size": Integer,
     "title": String,
     "metadata": Text,
 }
@@ -174,6 +179,8 @@ async def _commit_on_postgres(db: Database, turn: sessions.TurnWrite, completion
         "session_id": turn.session_id,
         "inbox_id": completion.inbox_id,
         "owner": completion.lease_owner,
+        "run": [completion.inbox_id, *completion.also_done],
+        "run_size": 1 + len(completion.also_done),
         "now": now,
         "agent": fields.active_agent_name,
         "title": fields.title,
@@ -211,7 +218,8 @@ async def _commit_on_postgres(db: Database, turn: sessions.TurnWrite, completion
     if not live:
         return False
     if not done:
-        raise LeaseLostError(f"inbox row {completion.inbox_id} is no longer held by {completion.lease_owner}")
+        run = [completion.inbox_id, *completion.also_done]
+        raise LeaseLostError(f"inbox rows {run} are not all held by {completion.lease_owner} any more")
     return True
 
 

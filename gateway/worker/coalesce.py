@@ -82,7 +82,7 @@ class Coalescer:
                     ids = [pending.message.id for pending in chosen]
                     if await runs.take_over(db, head.id, ids, owner, lease) != set(ids):
                         log.warning("coalesce_rows_lost", rows=len(ids))
-                        return  # another worker holds the conversation now: its turn's commit fails
+                        return  # the head is not ours any more: this turn's commit will find out
                     attach(ids)
                     run.extend(pending.message for pending in chosen)
                     newest = chosen[-1].received_at
