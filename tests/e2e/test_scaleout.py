@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -214,8 +215,19 @@ def summary(run: Run) -> str:
 def test_three_replicas_answer_every_message_exactly_once_in_order(tmp_path: Path, postgres_url: str) -> None:
     run = scale_out(tmp_path, postgres_url, crash=False)
     print(summary(run))
-    new_total = sum(d.new or 0 for d in run.driver.deliveries)
-    assert new_total == CONVERSATIONS * PER_CONVERSATION, "each message is new to exactly one delivery"
+    # Each message is new to exactly one delivery, unless its webhook was answered 503 (the commit
+    # outlasted GATEWAY_DATABASE_TIMEOUT_SECONDS on a loaded machine) and the commit still landed: the
+    # retry is then a re-delivery, as the README documents. Either way the message is answered once.
+    new: dict[int, int] = defaultdict(int)
+    refused: set[int] = set()
+    for d in run.driver.deliveries:
+        new[d.order] += d.new or 0
+        if d.status != 200:
+            refused.add(d.order)
+    assert len(new) == CONVERSATIONS * PER_CONVERSATION
+    assert all(count == 1 or (count == 0 and order in refused) for order, count in new.items()), {
+        order: count for order, count in new.items() if count != 1
+    }
     check_exactly_once_in_order(run)
 
 
