@@ -259,3 +259,17 @@ class FakePlatform:
         self.requests.append(RecordedRequest("POST", request.url.path, dict(request.headers), payload))
         answer = self.answers.popleft() if self.answers else self.default
         return JSONResponse(answer.body, answer.status, headers=dict(answer.headers))
+
+
+def telegram_text_update(update_id: int, chat_id: int, text: str) -> dict[str, Any]:
+    """A Telegram update carrying a private chat's text message (its id is the update's)."""
+    return {
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id,
+            "from": {"id": chat_id, "is_bot": False, "first_name": "Ann"},
+            "chat": {"id": chat_id, "type": "private"},
+            "date": 1767225600,
+            "text": text,
+        },
+    }

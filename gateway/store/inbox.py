@@ -175,6 +175,12 @@ async def fail(
     db: Database, inbox_id: int, owner: str, *, attempts: int, error: str, retry_at: datetime, dead: bool
 ) -> bool:
     """Record a failed turn: retried at `retry_at`, or `dead` (an operator may requeue it)."""
+    values = failure_values(attempts=attempts, error=error, retry_at=retry_at, dead=dead)
+    return await leases.settle(db, InboxRow, inbox_id, owner, values)
+
+
+def failure_values(*, attempts: int, error: str, retry_at: datetime, dead: bool) -> dict[str, Any]:
+    """What a failed turn writes on its row (or on each row of a coalesced run): its lease ends."""
     values: dict[str, Any] = {
         "attempts": attempts,
         "last_error": error,
@@ -184,7 +190,7 @@ async def fail(
     }
     if dead:
         values.update(status="dead", finished_at=utcnow())
-    return await leases.settle(db, InboxRow, inbox_id, owner, values)
+    return values
 
 
 # --- operators -------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from sqlalchemy.orm import aliased
 from gateway.domain.inbound import InboundMessage
 from gateway.domain.messages import utcnow
 from gateway.store.database import Database
-from gateway.store.inbox import ClaimedMessage, LeaseLostError
+from gateway.store.inbox import ClaimedMessage, LeaseLostError, failure_values
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
 from gateway.store.tables import InboxRow
 
@@ -164,15 +164,7 @@ async def fail(
 ) -> int:
     """Record a failed run on each of its rows still held by `owner` (inbox.fail for several rows, in
     one statement): retried at `retry_at`, or `dead`. The rows it changed."""
-    values: dict[str, Any] = {
-        "attempts": attempts,
-        "last_error": error,
-        "lease_owner": None,
-        "lease_until": None,
-        "next_attempt_at": retry_at,
-    }
-    if dead:
-        values.update(status="dead", finished_at=utcnow())
+    values = failure_values(attempts=attempts, error=error, retry_at=retry_at, dead=dead)
     assignments = ", ".join(f"{name} = ?" for name in values)
     params = tuple(to_sqlite_datetime(v) if isinstance(v, datetime) else v for v in values.values())
 

@@ -3,14 +3,13 @@ one model call and one reply, every inbox row done; a message after the reply is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.fakes import FakeOpenAI, FakeTelegram, chat_completion
-from tests.helpers import REPO_ROOT, serve_in_thread, wait_until
+from tests.fakes import FakeOpenAI, FakeTelegram, chat_completion, telegram_text_update
+from tests.helpers import REPO_ROOT, wait_until
 from tests.serve_process import serve_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -22,24 +21,8 @@ CHAT = 5151
 BURST = ["hi", "my order is 1001", "where is it?"]
 
 
-@pytest.fixture
-def fakes() -> Iterator[tuple[FakeOpenAI, str, FakeTelegram, str]]:
-    model, telegram = FakeOpenAI(), FakeTelegram(BOT_TOKEN)
-    with serve_in_thread(model.app) as model_url, serve_in_thread(telegram.app) as telegram_url:
-        yield model, model_url, telegram, telegram_url
-
-
 def update(update_id: int, text: str) -> dict[str, object]:
-    return {
-        "update_id": update_id,
-        "message": {
-            "message_id": update_id,
-            "from": {"id": CHAT, "is_bot": False, "first_name": "Ann"},
-            "chat": {"id": CHAT, "type": "private"},
-            "date": 1767225600,
-            "text": text,
-        },
-    }
+    return telegram_text_update(update_id, CHAT, text)
 
 
 def user_texts(request_body: dict[str, object]) -> list[str]:
