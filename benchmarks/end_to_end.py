@@ -189,13 +189,13 @@ def wait_ready(server: Server, probe_url: str) -> None:
     raise SystemExit(f"{server.name} was not ready within {START_TIMEOUT:.0f} s:\n{server.log_tail()}")
 
 
-def start_fake_platform(workdir: Path) -> Server:
-    port = free_port()
-    argv = [
+def fake_server_argv(factory: str, port: int, *options: str) -> list[str]:
+    """uvicorn serving `factory` (module:function in benchmarks/) on loopback, quietly."""
+    return [
         sys.executable,
         "-m",
         "uvicorn",
-        "end_to_end:fake_platform",
+        factory,
         "--factory",
         "--app-dir",
         str(HERE),
@@ -203,14 +203,16 @@ def start_fake_platform(workdir: Path) -> Server:
         "127.0.0.1",
         "--port",
         str(port),
-        "--loop",
-        "auto",
-        "--http",
-        "auto",
         "--log-level",
         "warning",
         "--no-access-log",
+        *options,
     ]
+
+
+def start_fake_platform(workdir: Path) -> Server:
+    port = free_port()
+    argv = fake_server_argv("end_to_end:fake_platform", port, "--loop", "auto", "--http", "auto")
     url = f"http://127.0.0.1:{port}"
     server = start_process("fake-telegram", argv, workdir, clean_env(), url)
     wait_ready(server, f"{url}/_bench/replies")

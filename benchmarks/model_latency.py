@@ -161,24 +161,7 @@ def fake_model() -> Starlette:
 
 def start_fake(workdir: Path, name: str, factory: str) -> Server:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        factory,
-        "--factory",
-        "--app-dir",
-        str(HERE),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-        "--backlog",
-        "4096",
-    ]
+    argv = e2e.fake_server_argv(factory, port, "--backlog", "4096")
     url = f"http://127.0.0.1:{port}"
     server = start_process(name, argv, workdir, clean_env(), url)
     probe = "/_bench/stats" if factory.startswith("model_latency") else "/_bench/replies"

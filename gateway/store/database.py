@@ -97,6 +97,11 @@ def refused_value(exc: BaseException) -> bool:
     return isinstance(exc, _REFUSED_VALUE_ERRORS)
 
 
+def engine_only(conn: sqlite3.Connection) -> Any:
+    """The `on_file` of an operation that only ever runs on the engine (a PostgreSQL spelling)."""
+    raise AssertionError("an engine-only operation reached the SQLite file")
+
+
 # Everything a database call may raise besides a bug: for a command's one-line failure message.
 FAILURE_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
 MAX_OPERATIONS_PER_COMMIT = 1000  # keeps the write lock short for other processes on the file

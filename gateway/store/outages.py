@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import bindparam, func, update
+from sqlalchemy import ColumnElement, bindparam, func, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.outbound import OutboundMessage
@@ -43,6 +43,11 @@ _BEGIN = (
 _MARK_HOLDING = f"UPDATE chatflow_inbox SET holding_reply_at = ? WHERE {_HELD} AND holding_reply_at IS NULL"
 
 
+def _held(inbox_id: int, owner: str) -> tuple[ColumnElement[bool], ...]:
+    """_HELD in SQLAlchemy: the row is pending and `owner` holds its lease."""
+    return (InboxRow.id == inbox_id, InboxRow.lease_owner == owner, InboxRow.status == "pending")
+
+
 async def begin(db: Database, inbox_id: int, owner: str, started: datetime) -> Recorded | None:
     """The row's outage: begun at `started` unless the row says it began before (in a process that ran
     the turn earlier). None when the row is not `owner`'s any more: nothing is written."""
@@ -56,11 +61,7 @@ async def begin(db: Database, inbox_id: int, owner: str, started: datetime) -> R
     async def on_engine(conn: AsyncConnection) -> Recorded | None:
         statement = (
             update(InboxRow)
-            .where(
-                InboxRow.id == inbox_id,
-                InboxRow.lease_owner == owner,
-                InboxRow.status == "pending",
-            )
+            .where(*_held(inbox_id, owner))
             .values(
                 outage_started_at=func.coalesce(
                     InboxRow.outage_started_at,
@@ -92,12 +93,7 @@ async def queue_holding_reply(
     async def on_engine(conn: AsyncConnection) -> bool:
         statement = (
             update(InboxRow)
-            .where(
-                InboxRow.id == inbox_id,
-                InboxRow.lease_owner == owner,
-                InboxRow.status == "pending",
-                InboxRow.holding_reply_at.is_(None),
-            )
+            .where(*_held(inbox_id, owner), InboxRow.holding_reply_at.is_(None))
             .values(holding_reply_at=now)
         )
         if (await conn.execute(statement)).rowcount != 1:

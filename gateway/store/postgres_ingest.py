@@ -9,7 +9,6 @@ and membership changes, rare, take ingest.py's transaction.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -20,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import InboundMessage
 from gateway.store import inbox
-from gateway.store.database import Database
+from gateway.store.database import Database, engine_only
 
 __all__ = ["store_messages"]
 
@@ -78,8 +77,4 @@ async def store_messages(
     async def on_engine(conn: AsyncConnection) -> set[str]:
         return set((await conn.execute(_STATEMENT, params)).scalars())
 
-    return await db.write_alone(_never_on_file, on_engine)
-
-
-def _never_on_file(conn: sqlite3.Connection) -> set[str]:
-    raise AssertionError("the PostgreSQL spelling runs on PostgreSQL only")
+    return await db.write_alone(engine_only, on_engine)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, String, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -24,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.messages import utcnow
 from gateway.store import leases
-from gateway.store.database import Database
+from gateway.store.database import Database, engine_only
 from gateway.store.group_commit import GroupCommit, Outcome
 from gateway.store.sqlite_thread import to_sqlite_datetime
 from gateway.store.tables import OutboxRow
@@ -105,7 +104,7 @@ class SentReplies:
             async def on_postgres(conn: AsyncConnection) -> set[int]:
                 return set((await conn.execute(_ON_POSTGRES, params)).scalars())
 
-            written = await self._db.write_alone(_never_on_file, on_postgres)
+            written = await self._db.write_alone(engine_only, on_postgres)
             return [(True, i.row_id in written) for i in items]
 
         async def one_by_one(conn: AsyncConnection) -> list[Outcome]:  # in-memory SQLite
@@ -115,8 +114,4 @@ class SentReplies:
                 settled[i.row_id] = await leases.settle_on_engine(conn, OutboxRow, i.row_id, i.owner, values)
             return [(True, settled[i.row_id]) for i in items]
 
-        return await self._db.write(_never_on_file, one_by_one)
-
-
-def _never_on_file(conn: sqlite3.Connection) -> Any:
-    raise AssertionError("runs on the engine only")
+        return await self._db.write(engine_only, one_by_one)

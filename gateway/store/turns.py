@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.domain.outbound import OutboundMessage
 from gateway.domain.usage import TurnUsage
 from gateway.store import inbox, outbox, runs, sessions, usage
-from gateway.store.database import Database
+from gateway.store.database import Database, engine_only
 from gateway.store.inbox import LeaseLostError
 from gateway.store.storable import json_text
 
@@ -214,14 +214,10 @@ async def _commit_on_postgres(db: Database, turn: sessions.TurnWrite, completion
         live, done = (await conn.execute(statement, params)).one()
         return live, done
 
-    live, done = await db.write_alone(_never_on_file, on_engine)
+    live, done = await db.write_alone(engine_only, on_engine)
     if not live:
         return False
     if not done:
         run = [completion.inbox_id, *completion.also_done]
         raise LeaseLostError(f"inbox rows {run} are not all held by {completion.lease_owner} any more")
     return True
-
-
-def _never_on_file(conn: sqlite3.Connection) -> tuple[int, int]:
-    raise AssertionError("the PostgreSQL spelling runs on PostgreSQL only")
