@@ -203,7 +203,7 @@ def build_worker(
     worker = InboxWorker(
         database,
         runner,
-        on_committed=delivery.wake,
+        on_committed=lambda session_id: delivery.wake((session_id,)),
         busy=busy,
         platforms=platforms,
         lease_seconds=settings.lease_seconds,

@@ -8,6 +8,7 @@ worker claims it (gateway/store/leases.py) and its turn marks it done in the tur
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
@@ -108,8 +109,11 @@ class ClaimedMessage:
     attempts: int
 
 
-async def claim(db: Database, owner: str, lease: timedelta, limit: int) -> list[ClaimedMessage]:
-    rows = await leases.claim(db, InboxRow, _CLAIMED, owner, lease, limit)
+async def claim(
+    db: Database, owner: str, lease: timedelta, limit: int, sessions: Sequence[str] | None = None
+) -> list[ClaimedMessage]:
+    """Lease up to `limit` messages whose turns may run, `sessions` first (see leases.claim)."""
+    rows = await leases.claim(db, InboxRow, _CLAIMED, owner, lease, limit, sessions)
     return [
         ClaimedMessage(
             row_id,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,16 +38,27 @@ def check_owner(owner: str) -> str:
 
 
 async def claim(
-    db: Database, table: Any, columns: tuple[str, ...], owner: str, lease: timedelta, limit: int
+    db: Database,
+    table: Any,
+    columns: tuple[str, ...],
+    owner: str,
+    lease: timedelta,
+    limit: int,
+    sessions: Sequence[str] | None = None,
 ) -> list[Row]:
-    """Lease up to `limit` claimable rows of `table` (a mapped class) to `owner`, oldest first."""
+    """Lease up to `limit` claimable rows of `table` (a mapped class) to `owner`, oldest first.
+
+    `sessions`: conversations worth a look (new work arrived there). On PostgreSQL the claim then
+    looks at their heads alone, by primary key, which no held snapshot slows down; the SQLite file,
+    whose claim never meets dead row versions, looks at every due head all the same. Whatever it
+    takes is claimable either way: the hint narrows the look-up, not the rule."""
     check_owner(owner)
-    if limit <= 0:
+    if limit <= 0 or (sessions is not None and not sessions):
         return []
     now = utcnow()
     return await db.write_alone(
         claim_on_file(table, columns, owner, now, now + lease, limit),
-        claim_on_engine(table, columns, owner, now, now + lease, limit),
+        claim_on_engine(table, columns, owner, now, now + lease, limit, sessions),
     )
 
 
@@ -73,17 +84,27 @@ def claim_on_file(
 
 
 def claim_on_engine(
-    table: Any, columns: tuple[str, ...], owner: str, now: datetime, lease_until: datetime, limit: int
+    table: Any,
+    columns: tuple[str, ...],
+    owner: str,
+    now: datetime,
+    lease_until: datetime,
+    limit: int,
+    sessions: Sequence[str] | None = None,
 ) -> Callable[[AsyncConnection], Any]:
     """The same claim in SQLAlchemy, outside a transaction (`Database.write_alone`): on PostgreSQL one
-    statement, heads then rows (one round trip instead of four with BEGIN and COMMIT); on in-memory
-    SQLite two, on the one connection nobody else uses meanwhile."""
+    statement, heads then rows (one round trip instead of four with BEGIN and COMMIT), only the heads
+    of `sessions` when given (see `claim`); on in-memory SQLite two, on the one connection nobody
+    else uses meanwhile."""
     queue = table.__tablename__
 
     async def work(conn: AsyncConnection) -> list[Row]:
         if conn.dialect.name == "postgresql":
             params = {"b_queue": queue, "owner": owner, "now": now, "until": lease_until, "limit": limit}
-            leased = await conn.execute(_claim_statement(table, columns), params)
+            if sessions is not None:
+                params["sessions"] = sorted(set(sessions))
+            statement = _claim_statement(table, columns, hinted=sessions is not None)
+            leased = await conn.execute(statement, params)
             return sorted((tuple(row) for row in leased), key=lambda row: row[0])
         heads = await queue_heads.lease_on_engine(conn, queue, owner, now, lease_until, limit)
         if not heads:
@@ -98,9 +119,9 @@ def claim_on_engine(
 
 
 @functools.cache
-def _claim_statement(table: Any, columns: tuple[str, ...]) -> Any:
+def _claim_statement(table: Any, columns: tuple[str, ...], hinted: bool) -> Any:
     """PostgreSQL: the heads' lease (queue_heads.py) as a CTE, and the rows they point at."""
-    heads = queue_heads.lease_statement().cte("leased")
+    heads = queue_heads.lease_statement(hinted).cte("leased")
     return (
         update(table)
         .where(table.id.in_(select(heads.c.next_id)), table.status == "pending")

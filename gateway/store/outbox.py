@@ -42,6 +42,7 @@ _STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
 @dataclass(frozen=True)
 class ClaimedReply:
     id: int
+    session_id: str
     message: OutboundMessage | None  # None for a kind this version does not know (see `kind`)
     attempts: int
     reachable: bool = True  # False once the platform said the bot was removed from (or blocked in) the chat
@@ -196,16 +197,18 @@ async def claim(
     lease: timedelta,
     limit: int,
     targets: Mapping[str, type[ReplyTarget]],
+    sessions: Sequence[str] | None = None,
 ) -> list[ClaimedReply]:
     """Lease up to `limit` deliverable rows, oldest first per conversation, with their chats' reachability.
 
-    `targets` names each platform's ReplyTarget type, to read the rows' targets back with.
+    `targets` names each platform's ReplyTarget type, to read the rows' targets back with; `sessions`
+    narrows the look-up as in leases.claim.
     """
-    if limit <= 0:
+    if limit <= 0 or (sessions is not None and not sessions):
         return []
     now = utcnow()
     claim_file = leases.claim_on_file(OutboxRow, _CLAIMED, owner, now, now + lease, limit)
-    claim_engine = leases.claim_on_engine(OutboxRow, _CLAIMED, owner, now, now + lease, limit)
+    claim_engine = leases.claim_on_engine(OutboxRow, _CLAIMED, owner, now, now + lease, limit, sessions)
 
     def on_file(conn: sqlite3.Connection) -> tuple[list[leases.Row], set[chats.Chat]]:
         rows = claim_file(conn)
@@ -225,7 +228,7 @@ async def claim(
         reachable = (platform, target.chat_id) not in unreachable
         if isinstance(retry_until, str):  # the SQLite file's spelling
             retry_until = from_sqlite_datetime(retry_until)
-        claimed.append(ClaimedReply(row_id, message, attempts, reachable, kind, retry_until))
+        claimed.append(ClaimedReply(row_id, session_id, message, attempts, reachable, kind, retry_until))
     return claimed
 
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import ARRAY, any_, bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.store.sqlite_thread import to_sqlite_datetime
@@ -62,17 +62,25 @@ async def lease_on_engine(
 
 
 @functools.cache
-def lease_statement() -> Any:
-    """Built once (building it cost more than running it). The heads are picked once, in a
+def lease_statement(hinted: bool = False) -> Any:
+    """Built once per kind (building it cost more than running it). The heads are picked once, in a
     materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again when it rechecks a row
-    another transaction changed, and lease more heads than `limit`."""
+    another transaction changed, and lease more heads than `limit`.
+
+    `hinted`: only the heads of the conversations in the array `sessions`, found by primary key. The
+    due index is ordered by time, and a snapshot held open (a long report, pg_dump, an idle
+    replication slot) keeps every head version written meanwhile in it, in front of the due heads,
+    for every claim to step over; a conversation's own versions are few (see ClaimLoop)."""
+    where = [
+        Head.queue == bindparam("b_queue"),
+        Head.next_id.is_not(None),
+        Head.due_at <= bindparam("now", type_=Head.due_at.type),
+    ]
+    if hinted:
+        where.append(Head.session_id == any_(bindparam("sessions", type_=ARRAY(Head.session_id.type))))
     due = (
         select(Head.session_id)
-        .where(
-            Head.queue == bindparam("b_queue"),
-            Head.next_id.is_not(None),
-            Head.due_at <= bindparam("now", type_=Head.due_at.type),
-        )
+        .where(*where)
         .order_by(Head.due_at)
         .limit(bindparam("limit"))
         .with_for_update(skip_locked=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -52,7 +52,8 @@ class Webhooks:
     ingest: Ingest
     max_body_bytes: int
     max_items: int = 1000  # messages, statuses and membership changes in one request
-    on_pending: Callable[[], None] = lambda: None  # wakes the worker when a turn is due
+    # Wakes the worker with the conversations that have a turn due.
+    on_pending: Callable[[Iterable[str]], None] = lambda sessions: None
     turn_kinds: frozenset[MessageKind] = DEFAULT_TURN_KINDS
 
 
@@ -145,8 +146,12 @@ async def _receive(webhooks: Webhooks, scope: Scope, receive: Receive, rid: str 
             headers={"Retry-After": "5"},
         )
     accepted = sum(new)
-    if any(is_new and turn for is_new, turn in zip(new, turns, strict=False)):
-        webhooks.on_pending()
+    if due := {
+        message.session_id
+        for message, is_new, turn in zip(parsed.messages, new, turns, strict=False)
+        if is_new and turn
+    }:
+        webhooks.on_pending(due)
     if will_log(_logger, logging.INFO):  # skips building an event nobody sees, thousands of times a second
         log.info(
             "webhook_accepted",

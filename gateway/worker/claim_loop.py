@@ -7,6 +7,12 @@ While `busy()` says this process's webhooks wait for their commit (a flood), at 
 new rows start every BUSY_CLAIM_DELAY_SECONDS (rows in flight go on): acknowledgements come first,
 and a flood's backlog is worked off right after it.
 
+A claim looks where work is known to be: the conversations this process stored rows for (`wake`)
+and those whose rows it just finished (the next may be waiting). At most every IDLE_POLL_SECONDS,
+and whenever there is no such hint, it looks at every due head instead, which finds the rest: other
+processes' rows, retries come due, leases a crashed process left. On PostgreSQL the hinted look-up
+goes by primary key, which a held snapshot does not slow down (gateway/store/queue_heads.py).
+
 Leases are short (a crashed process's rows are taken over within one lease) and a heartbeat renews
 those of the rows in flight every third of a lease (with the rows a task took on besides its own, see
 `attach`), so a slow model call or a long wait for a pacing slot keeps its row. A row whose lease was
@@ -18,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import os
 import secrets
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
@@ -34,6 +41,7 @@ IDLE_POLL_SECONDS = 0.5  # how often an idle loop looks for rows other processes
 # A scripted turn costs the event loop ~0.8 ms, so 32 every 0.2 s still took 13% of it during a flood.
 BUSY_CLAIM_DELAY_SECONDS = 0.2
 BUSY_CLAIM_ROWS = 4
+HINTS_PER_ROW = 2  # conversations a hinted claim looks at, per row it may take
 DEFAULT_LEASE_SECONDS = 30.0  # how long a crashed process's rows wait before another takes them
 HOST_CHARS = 32  # of the host name in an owner id: Kubernetes pod names reach 63, the column holds 64
 
@@ -41,6 +49,9 @@ HOST_CHARS = 32  # of the host name in an owner id: Kubernetes pod names reach 6
 class HasId(Protocol):
     @property
     def id(self) -> int: ...
+
+    @property
+    def session_id(self) -> str: ...
 
 
 Row = TypeVar("Row", bound=HasId)
@@ -60,7 +71,7 @@ class ClaimLoop(Generic[Row]):
     def __init__(
         self,
         name: str,
-        claim: Callable[[int], Awaitable[list[Row]]],
+        claim: Callable[[int, Sequence[str] | None], Awaitable[list[Row]]],
         process: Callable[[Row], Coroutine[Any, Any, None]],
         concurrency: int,
         *,
@@ -69,7 +80,8 @@ class ClaimLoop(Generic[Row]):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         busy: Callable[[], bool] = lambda: False,
     ) -> None:
-        """`claim(limit)` leases rows for `lease_seconds`; `renew(ids)` extends the leases of rows in
+        """`claim(limit, sessions)` leases rows for `lease_seconds` (of `sessions` only, or of any
+        conversation when None: see gateway/store/leases.py); `renew(ids)` extends the leases of rows in
         flight and answers the ids still held; `release(ids)` hands rows back (shutting down)."""
         self.name = name
         self.claim = claim
@@ -85,9 +97,17 @@ class ClaimLoop(Generic[Row]):
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._attached: dict[asyncio.Task[None], list[int]] = {}
+        self._hints: dict[str, None] = {}  # conversations worth a look, in the order they were named
+        self._scan_at = 0.0  # the loop's time when a claim looks at every due head again
 
-    def wake(self) -> None:
-        """New rows were stored in this process: look now instead of at the next poll."""
+    def wake(self, sessions: Iterable[str] = ()) -> None:
+        """New rows were stored in this process for `sessions`: look there now instead of at the next
+        poll. Without sessions (an operator's requeue), look everywhere now."""
+        hinted = dict.fromkeys(sessions)
+        if hinted:
+            self._hints |= hinted
+        else:
+            self._scan_at = 0.0
         self._wake.set()
 
     async def run(self) -> None:
@@ -109,7 +129,11 @@ class ClaimLoop(Generic[Row]):
                 if free <= 0:
                     await self._idle()
                     continue
-                claiming = asyncio.ensure_future(self._claim_safely(free))
+                sessions = self._where_to_look(free)
+                if sessions == []:
+                    await self._idle()
+                    continue
+                claiming = asyncio.ensure_future(self._claim_safely(free, sessions))
                 try:
                     claimed = await asyncio.shield(claiming)
                 except asyncio.CancelledError:
@@ -117,12 +141,17 @@ class ClaimLoop(Generic[Row]):
                     # them back now, or their conversations wait a whole lease for another process.
                     await self._release(await claiming)
                     raise
+                if len(claimed) >= free and sessions:  # the limit, not the work, ended it
+                    taken = {row.session_id for row in claimed}
+                    self._hints = dict.fromkeys(s for s in sessions if s not in taken) | self._hints
+                elif sessions is None and len(claimed) < free:
+                    self._hints.clear()  # the scan took every due head there was
                 for row in claimed:
                     task = asyncio.create_task(self.process(row), name=self.name)
                     running.add(task)
                     self._in_flight[row.id] = task
                     task.add_done_callback(running.discard)
-                    task.add_done_callback(functools.partial(self._finished, row.id))
+                    task.add_done_callback(functools.partial(self._finished, row.id, row.session_id))
                 if not claimed:
                     await self._idle()
         finally:
@@ -139,7 +168,21 @@ class ClaimLoop(Generic[Row]):
         except Exception as exc:  # their leases expire on their own
             log.warning(f"{self.name}_release_failed", error=type(exc).__name__, rows=len(rows))
 
-    def _finished(self, row_id: int, task: asyncio.Task[None]) -> None:
+    def _where_to_look(self, limit: int) -> list[str] | None:
+        """None: every due head (at most every poll, or when woken without sessions); else the
+        conversations hinted first, at most HINTS_PER_ROW for each row wanted (some may hold no
+        due row: leased, or done already), [] when there are none."""
+        now = asyncio.get_running_loop().time()
+        if now >= self._scan_at:
+            self._scan_at = now + IDLE_POLL_SECONDS
+            return None
+        sessions = list(itertools.islice(self._hints, limit * HINTS_PER_ROW))
+        for session in sessions:
+            del self._hints[session]
+        return sessions
+
+    def _finished(self, row_id: int, session_id: str, task: asyncio.Task[None]) -> None:
+        self._hints[session_id] = None  # its conversation's next row may be waiting
         self._in_flight.pop(row_id, None)
         for attached in self._attached.pop(task, ()):
             self._in_flight.pop(attached, None)
@@ -190,14 +233,14 @@ class ClaimLoop(Generic[Row]):
     async def run_until_idle(self) -> int:
         """Process rows until none is claimable; return how many (for tests and one-shot use)."""
         total = 0
-        while claimed := await self.claim(self.concurrency):
+        while claimed := await self.claim(self.concurrency, None):
             await asyncio.gather(*(self.process(row) for row in claimed))
             total += len(claimed)
         return total
 
-    async def _claim_safely(self, limit: int) -> list[Row]:
+    async def _claim_safely(self, limit: int, sessions: list[str] | None) -> list[Row]:
         try:
-            claimed = await self.claim(limit)
+            claimed = await self.claim(limit, sessions)
         except Exception as exc:  # the database may be briefly away; try again at the next poll
             self.health.failed(exc)
             log.warning(f"{self.name}_claim_failed", error=type(exc).__name__)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -62,7 +62,7 @@ class InboxWorker:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         max_attempts: int = MAX_ATTEMPTS,
         owner: str | None = None,
-        on_committed: Callable[[], None] = lambda: None,
+        on_committed: Callable[[str], None] = lambda session_id: None,
         busy: Callable[[], bool] = lambda: False,
         before_turn: Callable[[str, ReplyTarget], None] = lambda platform, target: None,
         platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
@@ -71,7 +71,8 @@ class InboxWorker:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         coalescer: Coalescer | None = None,
     ) -> None:
-        """`on_committed` runs after each committed turn (it wakes the delivery of the replies);
+        """`on_committed` runs after each committed turn with its session (it wakes the delivery of
+        the replies);
         `busy` says whether this process's webhooks are waiting for a commit; `before_turn` gets the
         platform and reply target of each turn about to run (the typing indicator); `platforms`
         build the reply targets; `patience` rules transient model failures (`holding_reply` is sent
@@ -93,7 +94,7 @@ class InboxWorker:
         # Through lambdas, so the loop always calls the current methods (tests wrap them).
         self.loop = ClaimLoop(
             "worker",
-            lambda limit: self.claim(limit),
+            lambda limit, sessions: self.claim(limit, sessions),
             lambda row: self.process(row),
             concurrency,
             renew=lambda ids: inbox.renew(self.database, ids, self.owner, self.lease),
@@ -106,9 +107,10 @@ class InboxWorker:
     def concurrency(self) -> int:
         return self.loop.concurrency
 
-    def wake(self) -> None:
-        """New pending rows were stored in this process: look now instead of at the next poll."""
-        self.loop.wake()
+    def wake(self, sessions: Iterable[str] = ()) -> None:
+        """New pending rows were stored in this process for `sessions`: look there now instead of at
+        the next poll (none named: look everywhere)."""
+        self.loop.wake(sessions)
 
     async def run(self) -> None:
         """Claim and process rows until cancelled."""
@@ -119,8 +121,8 @@ class InboxWorker:
         """Process rows until none is claimable; return how many turns ran (for tests and one-shot use)."""
         return await self.loop.run_until_idle()
 
-    async def claim(self, limit: int) -> list[ClaimedMessage]:
-        return await inbox.claim(self.database, self.owner, self.lease, limit)
+    async def claim(self, limit: int, sessions: Sequence[str] | None = None) -> list[ClaimedMessage]:
+        return await inbox.claim(self.database, self.owner, self.lease, limit, sessions)
 
     async def process(self, row: ClaimedMessage) -> None:
         """Run the row's turn (with the rows of its burst, when coalescing); after a transient model
@@ -191,7 +193,7 @@ class InboxWorker:
             else:
                 log.info("turn_committed")
             self.model_stats.record(usages)
-            self.on_committed()
+            self.on_committed(row.session_id)
         return False
 
     async def _wait_out(self, run: list[ClaimedMessage], exc: ModelError) -> bool:
@@ -249,7 +251,7 @@ class InboxWorker:
             return False
         if queued:
             log.info("holding_reply_queued")
-            self.on_committed()
+            self.on_committed(row.session_id)
         else:  # queued before (by whichever process), or the row is not ours any more
             log.info("holding_reply_not_due")
         return True

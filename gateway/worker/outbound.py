@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -72,7 +72,7 @@ class OutboxDelivery:
         self.owner = owner or owner_id("out")
         self.loop = ClaimLoop(
             "delivery",
-            lambda limit: self.claim(limit),
+            lambda limit, sessions: self.claim(limit, sessions),
             lambda row: self.deliver(row),
             concurrency,
             renew=lambda ids: outbox.renew(self.database, ids, self.owner, self.lease),
@@ -87,8 +87,9 @@ class OutboxDelivery:
     def concurrency(self) -> int:
         return self.loop.concurrency
 
-    def wake(self) -> None:
-        self.loop.wake()
+    def wake(self, sessions: Iterable[str] = ()) -> None:
+        """Replies were queued in this process for `sessions` (none named: look everywhere)."""
+        self.loop.wake(sessions)
 
     def indicate_typing(self, platform: str, target: ReplyTarget) -> None:
         """Start the platform's typing indicator for `target` in the background, where replies are
@@ -115,8 +116,8 @@ class OutboxDelivery:
         """Deliver until no row is claimable; return how many were handled (for tests and one-shot use)."""
         return await self.loop.run_until_idle()
 
-    async def claim(self, limit: int) -> list[ClaimedReply]:
-        return await outbox.claim(self.database, self.owner, self.lease, limit, self.target_types)
+    async def claim(self, limit: int, sessions: Sequence[str] | None = None) -> list[ClaimedReply]:
+        return await outbox.claim(self.database, self.owner, self.lease, limit, self.target_types, sessions)
 
     async def deliver(self, row: ClaimedReply) -> None:
         message = row.message

@@ -312,7 +312,7 @@ async def test_while_webhooks_wait_for_a_commit_few_turns_start_at_a_time_but_al
     committed = 0
     all_done = asyncio.Event()
 
-    def on_committed() -> None:
+    def on_committed(session_id: str) -> None:
         nonlocal committed
         committed += 1
         if committed == len(rows):
@@ -322,8 +322,8 @@ async def test_while_webhooks_wait_for_a_commit_few_turns_start_at_a_time_but_al
     claims: list[tuple[float, int]] = []
     claim = worker.claim
 
-    async def recorded_claim(limit: int) -> list[ClaimedMessage]:
-        claimed = await claim(limit)
+    async def recorded_claim(limit: int, sessions: Sequence[str] | None = None) -> list[ClaimedMessage]:
+        claimed = await claim(limit, sessions)
         if claimed:
             claims.append((time.monotonic(), len(claimed)))
         return claimed

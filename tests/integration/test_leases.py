@@ -286,8 +286,8 @@ async def test_rows_claimed_as_the_process_stops_are_handed_back_at_once(databas
     leased, stopping = asyncio.Event(), asyncio.Event()
     claim = worker.claim
 
-    async def claim_then_stop(limit: int) -> Any:
-        rows = await claim(limit)  # committed: the rows are leased in the database
+    async def claim_then_stop(limit: int, sessions: Sequence[str] | None = None) -> Any:
+        rows = await claim(limit, sessions)  # committed: the rows are leased in the database
         leased.set()
         await stopping.wait()  # the process is told to stop while the claim's answer is on its way
         return rows

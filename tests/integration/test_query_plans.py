@@ -125,6 +125,12 @@ async def test_no_hot_statement_reads_a_whole_table(full_database: Database) -> 
         worker = InboxWorker(db, Runner(Agent("Echo", "e", model=Echo()), store), owner="plans")
         claimed = await worker.claim(4)
         assert claimed, "the backlog's heads are claimable"
+        hints = [
+            f"telegram:{n}" for n in range(700, 710) if f"telegram:{n}" not in {r.session_id for r in claimed}
+        ]
+        hinted = await worker.claim(4, hints[:2])
+        assert {row.session_id for row in hinted} == set(hints[:2])
+        await inbox.release_many(db, [row.id for row in hinted], "plans")
         await inbox.renew(db, [row.id for row in claimed], "plans", timedelta(seconds=30))
         await worker.process(claimed[0])
         assert await inbox.get_item(db, claimed[0].id) is not None
@@ -132,6 +138,10 @@ async def test_no_hot_statement_reads_a_whole_table(full_database: Database) -> 
         await inbox.release_many(db, [row.id for row in claimed[1:]], "plans")
         replies = await outbox.claim(db, "plans", timedelta(seconds=30), 4, {})
         assert replies
+        hint = next(h for h in hints[2:] if h not in {reply.session_id for reply in replies})
+        hinted_replies = await outbox.claim(db, "plans", timedelta(seconds=30), 4, {}, [hint])
+        assert [reply.session_id for reply in hinted_replies] == [hint]
+        await outbox.release_many(db, [reply.id for reply in hinted_replies], "plans")
         await outbox.finish(db, replies[0].id, "plans", status="sent", platform_message_id="new-1")
         assert len(replies) >= 2
         assert await SentReplies(db).record(replies[1].id, "plans", "sent", "new-2")
@@ -160,6 +170,15 @@ async def test_no_hot_statement_reads_a_whole_table(full_database: Database) -> 
             if scanned:
                 offenders.append(f"{statement}\n" + "\n".join(lines))
     assert not offenders, "\n\n".join(offenders)
+    # A hinted claim finds its heads by primary key: the due index, where a held snapshot keeps every
+    # head version written meanwhile, is not read at all.
+    hinted_claims = [(s, p) for s, p in captured if "ANY" in s and "chatflow_queue_heads" in s]
+    assert len(hinted_claims) == 2, hinted_claims
+    async with db.connect() as conn:
+        for statement, parameters in hinted_claims:
+            plan = " ".join(row[0] for row in await conn.exec_driver_sql("EXPLAIN " + statement, parameters))
+            assert "pk_chatflow_queue_heads" in plan, plan
+            assert "ix_chatflow_queue_heads_due" not in plan, plan
     # The check itself sees a whole-table read.
     async with db.connect() as conn:
         plan = await conn.exec_driver_sql("EXPLAIN SELECT id FROM chatflow_inbox WHERE text = 'x'")
