@@ -23,7 +23,7 @@ from gateway.errors import GatewayError
 from gateway.store import leases, outbox, storable
 from gateway.store.database import Database
 from gateway.store.sqlite_thread import to_sqlite_datetime
-from gateway.store.tables import InboxRow
+from gateway.store.tables import InboxRow, of_status_index
 
 STATUSES = ("pending", "recorded", "done", "dead")
 MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL
@@ -228,7 +228,7 @@ async def list_items(db: Database, status: str | None = None, limit: int = 50) -
     """Newest first, optionally of one status."""
     query = select(*_ITEM_COLUMNS).order_by(InboxRow.id.desc())
     if status is not None:
-        query = query.where(InboxRow.status == status)
+        query = query.where(InboxRow.status == status, *of_status_index(status))
     async with db.connect() as conn:
         return [InboxItem(*row) for row in await conn.execute(query.limit(limit))]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, bindparam, select, update
+from sqlalchemy import JSON, bindparam, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.messages import utcnow
@@ -120,11 +120,15 @@ def claim_on_engine(
 
 @functools.cache
 def _claim_statement(table: Any, columns: tuple[str, ...], hinted: bool) -> Any:
-    """PostgreSQL: the heads' lease (queue_heads.py) as a CTE, and the rows they point at."""
+    """PostgreSQL: the heads' lease (queue_heads.py) as a CTE, and the rows they point at, named with
+    their conversations (by id alone PostgreSQL read the whole pending index: see store/turns.py)."""
     heads = queue_heads.lease_statement(hinted).cte("leased")
     return (
         update(table)
-        .where(table.id.in_(select(heads.c.next_id)), table.status == "pending")
+        .where(
+            tuple_(table.session_id, table.id).in_(select(heads.c.session_id, heads.c.next_id)),
+            table.status == "pending",
+        )
         .values(lease_owner=bindparam("owner"), lease_until=bindparam("until", type_=table.lease_until.type))
         .returning(table.id, *(getattr(table, c) for c in columns))
     )

@@ -26,7 +26,7 @@ from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.store import chats, leases
 from gateway.store.database import Database
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
-from gateway.store.tables import OutboxRow
+from gateway.store.tables import OutboxRow, of_status_index
 
 ROWS_PER_STATEMENT = 64  # rows per multi-row insert; far below SQLite's limits
 _KINDS = frozenset(kind.value for kind in OutboundKind)
@@ -298,7 +298,7 @@ async def list_items(db: Database, status: str | None = None, limit: int = 50) -
     """Newest first, optionally of one status (the `dead` view: replies given up on)."""
     query = select(*_ITEM_COLUMNS).order_by(OutboxRow.id.desc())
     if status is not None:
-        query = query.where(OutboxRow.status == status)
+        query = query.where(OutboxRow.status == status, *of_status_index(status))
     async with db.connect() as conn:
         return [OutboxItem(**row._mapping) for row in await conn.execute(query.limit(limit))]
 
@@ -346,7 +346,7 @@ class Waiting:
 
 async def waiting(db: Database) -> list[Waiting]:
     """Pending rows that have failed at least once, by platform: replies waiting on an unreachable
-    (or throttling) platform. Read through the (status, next_attempt_at) index."""
+    (or throttling) platform. Read through the pending rows' index (a pending set's size)."""
     query = (
         select(OutboxRow.platform, func.count(), func.min(OutboxRow.retry_until))
         .where(OutboxRow.status == "pending", OutboxRow.attempts > 0)

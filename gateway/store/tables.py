@@ -8,7 +8,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Index, Integer, MetaData, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TextClause,
+)
 from sqlalchemy import text as sql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -23,6 +34,15 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+# The status indexes' rows: a queue's pending rows are few by the statistics, so an index holding them
+# lured PostgreSQL into walking all of them for statements that name one conversation or a few ids.
+NOT_PENDING = sql("status <> 'pending'")
+
+
+def of_status_index(status: str) -> tuple[TextClause, ...]:
+    """The clause that lets a listing of one (bound) status use its table's status index, which
+    PostgreSQL can use only where the statement itself rules pending rows out."""
+    return () if status == "pending" else (NOT_PENDING,)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -130,7 +150,8 @@ class InboxRow(Base):
     holding_reply_at: Mapped[datetime | None]
 
     __table_args__ = (
-        Index(None, "status", "id"),  # operators' listing by status
+        # Operators' listing by status; pending rows are reached by conversation (migration 0012).
+        Index(None, "status", "id", sqlite_where=NOT_PENDING, postgresql_where=NOT_PENDING),
         Index(None, "session_id", "id"),  # a conversation in arrival order
         # A conversation's oldest pending row, in one index probe whatever its history (queue_heads.py).
         Index(
@@ -175,7 +196,7 @@ class OutboxRow(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (
-        Index(None, "status", "next_attempt_at"),
+        Index(None, "status", "next_attempt_at", sqlite_where=NOT_PENDING, postgresql_where=NOT_PENDING),
         Index(None, "session_id", "id"),
         Index(
             "ix_chatflow_outbox_pending",

@@ -89,10 +89,12 @@ async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnComplet
 # for this commit, or won before it and nothing is written), the inbox rows (the turn's, and a
 # coalesced run's, store/runs.py) are locked and marked done only while every lease is ours, and the
 # rest only once they were. Rows go in through unnest() of one array per
-# column, in their order.
+# column, in their order. The run's rows are named with their conversation too: by their ids alone
+# PostgreSQL read the whole pending index (its statistics say few rows are pending), dead entries and
+# all while a snapshot was held open; with the conversation it reads that conversation's entries.
 _DONE = (
-    "held AS MATERIALIZED (SELECT id FROM chatflow_inbox WHERE id = ANY(:run) AND lease_owner = :owner "
-    "AND status = 'pending' ORDER BY id FOR UPDATE), "
+    "held AS MATERIALIZED (SELECT id FROM chatflow_inbox WHERE session_id = :session_id AND id = ANY(:run) "
+    "AND lease_owner = :owner AND status = 'pending' ORDER BY id FOR UPDATE), "
     "done AS (UPDATE chatflow_inbox SET status = 'done', finished_at = :now, lease_owner = NULL, "
     "lease_until = NULL WHERE id IN (SELECT id FROM held) AND (SELECT count(*) FROM held) = :run_size "
     "AND EXISTS (SELECT FROM live) RETURNING 1)"
