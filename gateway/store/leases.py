@@ -24,6 +24,7 @@ from gateway.domain.messages import utcnow
 from gateway.store import queue_heads
 from gateway.store.database import Database
 from gateway.store.sqlite_thread import to_sqlite_datetime
+from gateway.store.tables import pending_by_row
 
 Row = tuple[Any, ...]  # (id, *the claimed columns)
 MAX_OWNER_LENGTH = 64  # the lease_owner columns' width
@@ -232,7 +233,7 @@ async def renew(db: Database, table: Any, ids: list[int], owner: str, lease: tim
         renewed = list(
             await conn.execute(
                 update(table)
-                .where(table.id.in_(sorted(ids)), table.lease_owner == owner, table.status == "pending")
+                .where(table.id.in_(sorted(ids)), table.lease_owner == owner, pending_by_row(table.status))
                 .values(lease_until=lease_until)
                 .returning(table.id, table.session_id)
             )

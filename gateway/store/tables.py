@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     TextClause,
+    func,
 )
 from sqlalchemy import text as sql
 from sqlalchemy.engine import Dialect
@@ -37,6 +38,13 @@ NAMING_CONVENTION = {
 # The status indexes' rows: a queue's pending rows are few by the statistics, so an index holding them
 # lured PostgreSQL into walking all of them for statements that name one conversation or a few ids.
 NOT_PENDING = sql("status <> 'pending'")
+
+
+def pending_by_row(status: Any) -> Any:
+    """`status = 'pending'` checked on each row an id found, in a spelling no index matches: for a
+    statement naming many rows by id, PostgreSQL otherwise read the whole pending index instead of
+    probing the ids (it holds few rows by the statistics; while a snapshot is held, every version)."""
+    return func.coalesce(status, "") == "pending"
 
 
 def of_status_index(status: str) -> tuple[TextClause, ...]:

@@ -199,3 +199,55 @@ async def test_queue_tables_carry_their_autovacuum_settings(postgres_url: str) -
     assert "autovacuum_vacuum_scale_factor=0.01" in options["chatflow_outbox"]
     assert "autovacuum_vacuum_scale_factor=0.01" in options["chatflow_processed_messages"]
     assert {"autovacuum_vacuum_threshold=1000", "fillfactor=70"} <= set(options["chatflow_queue_heads"])
+
+
+# Statistics taken while the queue was drained (5 rows pending), then a burst stored: the state a
+# queue's statistics are usually in. Statements that name one conversation's pending rows, or rows by
+# id, must not walk every pending entry on the strength of "few are pending" (migration 0012): under a
+# held snapshot those entries include every row version written meanwhile.
+STALE_STATISTICS = [
+    "INSERT INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, text, message_json, "
+    "status, attempts, next_attempt_at, received_at) "
+    "SELECT 'telegram:k' || n, 'telegram', 'telegram:' || (n % 500), n, 'text', 'hi', '{}', "
+    "CASE WHEN n > 19995 THEN 'pending' ELSE 'done' END, 0, now(), now() FROM generate_series(1, 20000) AS n",
+    "ANALYZE chatflow_inbox",
+    "INSERT INTO chatflow_inbox (dedup_key, platform, session_id, message_id, kind, text, message_json, "
+    "status, attempts, next_attempt_at, received_at) "
+    "SELECT 'telegram:b' || n, 'telegram', 'telegram:' || (n % 500), n, 'text', 'hi', '{}', 'pending', 0, "
+    "now(), now() FROM generate_series(1, 5000) AS n",
+]
+PER_CONVERSATION = {
+    # The queue-head triggers' look-up of a conversation's oldest pending row (migration 0007).
+    "oldest": (
+        "text",
+        "SELECT p.id FROM chatflow_inbox AS p WHERE p.session_id = $1 AND p.status = 'pending' "
+        "ORDER BY p.id LIMIT 1",
+        "'telegram:7'",
+    ),
+    # A lease renewal's rows, by id (store/leases.py).
+    "renewal": (
+        "bigint, bigint, text",
+        "SELECT id FROM chatflow_inbox WHERE id IN ($1, $2) AND lease_owner = $3 "
+        "AND coalesce(status, '') = 'pending'",
+        "20001, 20002, 'w'",
+    ),
+}
+
+
+async def test_pending_rows_are_not_walked_on_stale_statistics(postgres_url: str) -> None:
+    db = Database.open(postgres_url)
+    try:
+        await migrations.upgrade(db)
+        async with db.begin() as conn:
+            for statement in STALE_STATISTICS:
+                await conn.execute(text(statement))
+        async with db.connect() as conn:
+            await conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")  # as cached plans are
+            for name, (types, statement, arguments) in PER_CONVERSATION.items():
+                await conn.exec_driver_sql(f"PREPARE {name}({types}) AS {statement}")
+                explained = await conn.exec_driver_sql(f"EXPLAIN EXECUTE {name}({arguments})")
+                plan = " ".join(row[0] for row in explained)
+                assert "ix_chatflow_inbox_status_id" not in plan, (name, plan)
+                assert "Index Cond" in plan, (name, plan)
+    finally:
+        await db.aclose()
