@@ -141,11 +141,11 @@ class ClaimLoop(Generic[Row]):
                     # them back now, or their conversations wait a whole lease for another process.
                     await self._release(await claiming)
                     raise
-                if len(claimed) >= free and sessions:  # the limit, not the work, ended it
+                if len(claimed) >= free and sessions:  # the limit, not the work, ended it: again
                     taken = {row.session_id for row in claimed}
                     self._hints = dict.fromkeys(s for s in sessions if s not in taken) | self._hints
-                elif sessions is None and len(claimed) < free:
-                    self._hints.clear()  # the scan took every due head there was
+                if sessions is None:
+                    self._scanned(claimed, free)
                 for row in claimed:
                     task = asyncio.create_task(self.process(row), name=self.name)
                     running.add(task)
@@ -180,6 +180,14 @@ class ClaimLoop(Generic[Row]):
         for session in sessions:
             del self._hints[session]
         return sessions
+
+    def _scanned(self, claimed: list[Row], limit: int) -> None:
+        """After a scan: rows nobody hinted (another process's, a retry come due) mean more may come
+        the same way, so the next claim scans again; otherwise the next scan waits a poll."""
+        if any(row.session_id not in self._hints for row in claimed):
+            self._scan_at = 0.0
+        if len(claimed) < limit:
+            self._hints.clear()  # the scan took every due head there was
 
     def _finished(self, row_id: int, session_id: str, task: asyncio.Task[None]) -> None:
         self._hints[session_id] = None  # its conversation's next row may be waiting
