@@ -20,8 +20,9 @@ from gateway.agents.models.base import ToolSpec
 from gateway.domain.outbound import ReplyTarget
 from gateway.store import inbox, migrations, outbox
 from gateway.store.database import Database
-from gateway.store.tables import InboxRow, OutboxRow
+from gateway.store.tables import InboxRow
 from gateway.worker.inbox import InboxWorker
+from tests.integration.test_leases import add_replies
 
 LEASE = timedelta(seconds=30)
 TARGETS = {"telegram": ReplyTarget}
@@ -88,29 +89,11 @@ async def test_a_hinted_claim_respects_its_limit(db: Database) -> None:
 
 
 async def test_the_outbox_claim_takes_hints_too(db: Database) -> None:
-    now = datetime.now(UTC) - timedelta(seconds=1)
-    async with db.begin() as conn:
-        await conn.execute(
-            insert(OutboxRow),
-            [
-                {
-                    "platform": "telegram",
-                    "session_id": f"telegram:{chat}",
-                    "kind": "text",
-                    "text": f"reply {chat}",
-                    "target_json": {"chat_id": chat},
-                    "status": "pending",
-                    "attempts": 0,
-                    "next_attempt_at": now,
-                    "created_at": now,
-                    "updated_at": now,
-                }
-                for chat in ("a", "b")
-            ],
-        )
-    claimed = await outbox.claim(db, "d", LEASE, 10, TARGETS, ["telegram:b"])
+    await add_replies(db, 2)  # telegram:0 and telegram:1
+    claimed = await outbox.claim(db, "d", LEASE, 10, TARGETS, ["telegram:1"])
+    postgresql = db.dialect == "postgresql"
     assert [row.session_id for row in claimed] == (
-        ["telegram:b"] if (db.dialect == "postgresql") else ["telegram:a", "telegram:b"]
+        ["telegram:1"] if postgresql else ["telegram:0", "telegram:1"]
     )
 
 
