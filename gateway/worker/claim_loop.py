@@ -10,8 +10,8 @@ and a flood's backlog is worked off right after it.
 A claim looks where work is known to be: the conversations this process stored rows for (`wake`)
 and those whose rows it just finished (the next may be waiting). Every IDLE_POLL_SECONDS, and again
 at once after such a scan found rows nobody hinted, it looks at every due head instead, which finds
-the rest: other processes' rows, retries come due, leases a crashed process left. On PostgreSQL the hinted look-up
-goes by primary key, which a held snapshot does not slow down (gateway/store/queue_heads.py).
+the rest: other processes' rows, retries come due, leases a crashed process left. On PostgreSQL the
+hinted look-up goes by primary key, which a held snapshot does not slow down (store/queue_heads.py).
 
 Leases are short (a crashed process's rows are taken over within one lease) and a heartbeat renews
 those of the rows in flight every third of a lease (with the rows a task took on besides its own, see
