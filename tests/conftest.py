@@ -83,6 +83,13 @@ async def database(database_url: str) -> AsyncIterator[Database]:
     await database.aclose()
 
 
+@pytest.fixture
+async def migrated_database(database: Database) -> Database:
+    """`database` with the schema at head."""
+    await migrations.upgrade(database)
+    return database
+
+
 @pytest.fixture(
     params=["memory", "sqlite-file", "sqlite-memory", pytest.param("postgres", marks=pytest.mark.postgres)]
 )

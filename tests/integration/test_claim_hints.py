@@ -9,7 +9,7 @@ a held snapshot does not slow down); the SQLite file looks at every due head all
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,7 +18,7 @@ from sqlalchemy import insert
 from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ToolSpec
 from gateway.domain.outbound import ReplyTarget
-from gateway.store import inbox, migrations, outbox
+from gateway.store import inbox, outbox
 from gateway.store.database import Database
 from gateway.store.tables import InboxRow
 from gateway.worker.inbox import InboxWorker
@@ -29,11 +29,8 @@ TARGETS = {"telegram": ReplyTarget}
 
 
 @pytest.fixture
-async def db(database_url: str) -> AsyncIterator[Database]:
-    database = Database.open(database_url)
-    await migrations.upgrade(database)
-    yield database
-    await database.aclose()
+def db(migrated_database: Database) -> Database:
+    return migrated_database
 
 
 def inbox_row(chat: str, number: int, due: datetime) -> dict[str, object]:

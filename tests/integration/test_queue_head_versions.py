@@ -8,13 +8,12 @@ wrote its current version) says whether it was written; the SQLite file counts t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import insert, text, update
 
-from gateway.store import inbox, migrations
+from gateway.store import inbox
 from gateway.store.database import Database
 from gateway.store.tables import InboxRow
 from tests.integration.test_claim_hints import inbox_row
@@ -27,11 +26,8 @@ HEAD_VERSION = {
 
 
 @pytest.fixture
-async def db(database_url: str) -> AsyncIterator[Database]:
-    database = Database.open(database_url)
-    await migrations.upgrade(database)
-    yield database
-    await database.aclose()
+def db(migrated_database: Database) -> Database:
+    return migrated_database
 
 
 async def test_a_newer_message_leaves_the_head_as_it_was(db: Database) -> None:
