@@ -60,3 +60,21 @@ async def test_a_server_that_never_answers_is_a_timeout() -> None:
             with pytest.raises(httpx.TimeoutException):
                 await client.post(f"http://127.0.0.1:{port}/x", json={})
         await asyncio.wait_for(handled.wait(), timeout=10)  # the client hung up once it gave up
+
+
+async def test_a_set_cookie_is_never_sent_back() -> None:
+    """Platform and provider APIs are stateless: a cookie one answer sets must not ride along on later
+    calls (to that host or any other)."""
+
+    async def sets_cookie(request: Request) -> JSONResponse:
+        response = JSONResponse({"cookie": request.headers.get("cookie")})
+        response.set_cookie("session", "tracked", path="/")
+        return response
+
+    with serve_in_thread(Starlette(routes=[Route("/c", sets_cookie, methods=["POST"])])) as url:
+        async with http_client(timeout=10) as client:
+            first = await client.post(f"{url}/c", json={})
+            assert first.cookies.get("session") == "tracked"  # the answer itself still shows it
+            second = await client.post(f"{url}/c", json={})
+            assert second.json() == {"cookie": None}
+            assert len(client.cookies) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import structlog
 
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, TelegramTarget
@@ -29,6 +30,7 @@ ALLOWED_UPDATES = (
 )
 
 log = structlog.get_logger(__name__)
+JSON = {"Content-Type": "application/json"}
 
 
 class TelegramAPIError(GatewayError):
@@ -53,6 +55,7 @@ class TelegramAPI:
     def __init__(self, token: str, api_base: str, client: httpx.AsyncClient) -> None:
         self._url = f"{api_base.rstrip('/')}/bot{token}"
         self._client = client
+        self._method_urls: dict[str, httpx.URL] = {}  # parsed once: httpx parses a str on every call
 
     def __repr__(self) -> str:
         return "TelegramAPI(<token hidden>)"
@@ -60,7 +63,8 @@ class TelegramAPI:
     async def call(self, method: str, **params: Any) -> Any:
         """POST one method; its `result`, or TelegramAPIError with Telegram's code and description."""
         try:
-            response = await self._client.post(f"{self._url}/{method}", json=params)
+            body = orjson.dumps(params)
+            response = await self._client.post(self._method_url(method), content=body, headers=JSON)
         except httpx.HTTPError as exc:  # the message of some httpx errors holds the URL, i.e. the token
             raise TelegramAPIError(method, None, f"cannot reach the Bot API ({type(exc).__name__})") from None
         try:
@@ -80,6 +84,12 @@ class TelegramAPI:
                 _chat_id(parameters.get("migrate_to_chat_id")),
             )
         return body.get("result")
+
+    def _method_url(self, method: str) -> httpx.URL:
+        url = self._method_urls.get(method)
+        if url is None:
+            url = self._method_urls[method] = httpx.URL(f"{self._url}/{method}")
+        return url
 
     async def set_webhook(self, url: str, secret_token: str, *, drop_pending_updates: bool = False) -> Any:
         return await self.call(
