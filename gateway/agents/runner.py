@@ -18,6 +18,7 @@ from gateway.agents.stores.base import BaseSessionStore
 from gateway.agents.stores.memory import SessionStore
 from gateway.agents.tools import execute_tool_call
 from gateway.domain.messages import Message, ModelUsage, Role
+from gateway.domain.sessions import StoredVersion
 from gateway.domain.text import sendable
 
 log = structlog.get_logger(__name__)
@@ -88,6 +89,7 @@ class Runner:
         *,
         commit_with: Callable[[list[Message]], object] | None = None,
         leased: bool = False,
+        session_version: StoredVersion | None = None,
     ) -> RunResult:
         """Run one turn. On any failure (exception, timeout, cancellation) the session is left as it was.
 
@@ -99,14 +101,16 @@ class Runner:
         deliver); the runner hands it to the store's save without looking at it. `leased`: the caller
         holds the session against other processes already (the worker's lease on the conversation,
         checked again by that commit), so only this process's lock is taken: on PostgreSQL the
-        cross-process lock holds a pooled connection for the whole turn.
+        cross-process lock holds a pooled connection for the whole turn. `session_version`: the
+        session's version as the caller read it under that lease (the worker's claim), so the store may
+        skip reading a session it remembers (or one that has no row yet).
         """
         texts = [user_message] if isinstance(user_message, str) else list(user_message)
         if not texts:
             raise ValueError("a turn needs at least one user message")
         store = self.session_store
         async with store.session_lock(session_id, across_processes=not leased):
-            session = await store.get_or_create(session_id, self.starting_agent)
+            session = await store.get_or_create(session_id, self.starting_agent, stored=session_version)
             checkpoint = session.checkpoint()
             saved = False
             try:

@@ -84,6 +84,15 @@ def is_valid_query(text: str) -> bool:
 
 
 @dataclass(frozen=True)
+class StoredVersion:
+    """A session's version as read under a lease on its conversation (which keeps other turns from
+    writing it): its row's updated_at, None when it had no row. A reader that remembers that version
+    of the session need not read it again."""
+
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Cursor:
     """Where a page ended: the last session's (updated_at, session_id). Opaque to clients."""
 

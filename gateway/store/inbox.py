@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import InboundMessage, agent_text
 from gateway.domain.messages import utcnow
+from gateway.domain.sessions import StoredVersion
 from gateway.errors import GatewayError
 from gateway.store import leases, outbox, storable
 from gateway.store.database import Database
@@ -27,7 +28,7 @@ from gateway.store.tables import InboxRow, of_status_index
 
 STATUSES = ("pending", "recorded", "done", "dead")
 MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL
-_CLAIMED = ("platform", "session_id", "text", "message_json", "attempts")
+_CLAIMED = ("platform", "session_id", "text", "message_json", "attempts", leases.SESSION_VERSION)
 
 
 class LeaseLostError(GatewayError):
@@ -107,6 +108,8 @@ class ClaimedMessage:
     text: str | None
     message: InboundMessage
     attempts: int
+    # Its session's version as the claim read it (leases.SESSION_VERSION); None for rows leased otherwise.
+    session_version: StoredVersion | None = None
 
 
 async def claim(
@@ -124,8 +127,9 @@ async def claim(
                 stored if isinstance(stored, dict) else {}, platform=platform, session_id=session_id
             ),
             attempts,
+            StoredVersion(version),
         )
-        for row_id, platform, session_id, text, stored, attempts in rows
+        for row_id, platform, session_id, text, stored, attempts, version in rows
     ]
 
 

@@ -174,6 +174,7 @@ class InboxWorker:
                 metadata,
                 commit_with=commit_with,
                 leased=True,
+                session_version=run[0].session_version,
             )
         except LeaseLostError:
             log.warning("turn_lease_lost")

@@ -17,10 +17,11 @@ from sqlalchemy import insert, select, update
 from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ToolSpec
 from gateway.domain.outbound import TelegramTarget
+from gateway.domain.sessions import StoredVersion
 from gateway.store import migrations
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage
-from gateway.store.tables import InboxRow, OutboxRow
+from gateway.store.tables import InboxRow, OutboxRow, SessionRow
 from gateway.worker import claim_loop
 from gateway.worker.inbox import InboxWorker
 
@@ -388,3 +389,42 @@ async def test_a_model_answer_the_database_refuses_is_stored_without_the_offendi
         assert stored.history[-1].content == "order 42 is \ufffd on its way"
     finally:
         await store.aclose()
+
+
+async def test_a_claim_reads_its_sessions_version(setup: tuple[Database, Runner, Echo]) -> None:
+    """The claim returns the version of the row's session (none yet, then its updated_at), so the
+    worker's store can skip reading a session it already holds."""
+    engine, runner, _ = setup
+    await add_rows(engine, [("telegram:1", "telegram:1/a")])
+    worker = InboxWorker(engine, runner)
+    (first,) = await worker.claim(10)
+    assert first.session_version == StoredVersion(None)
+    await worker.process(first)
+    await add_rows(engine, [("telegram:1", "telegram:1/b")])
+    (second,) = await worker.claim(10)
+    (stored,) = await table(engine, select(SessionRow.updated_at))
+    assert second.session_version == StoredVersion(stored[0])
+    assert stored[0] is not None
+
+
+async def test_replicas_taking_turns_on_one_conversation_each_see_the_others_turns(
+    setup: tuple[Database, Runner, Echo],
+) -> None:
+    """Two processes (two stores, each remembering the sessions it wrote) answer one conversation in
+    turn: the version each claim reads tells a store its remembered copy is stale."""
+    engine, runner, model = setup
+    other_store = SQLSessionStore(engine)
+    other = Runner(Agent("Echo", "e", model=model), other_store)
+    try:
+        workers = [InboxWorker(engine, runner, owner="a"), InboxWorker(engine, other, owner="b")]
+        for i in range(4):
+            await add_rows(engine, [("telegram:1", f"telegram:1/{i}")])
+            assert await workers[i % 2].run_until_idle() == 1
+        for store in (runner.session_store, other_store):
+            session = await store.get("telegram:1")
+            assert session is not None
+            assert [m.content for m in session.history] == [
+                text for i in range(4) for text in (f"telegram:1/{i}", f"echo:telegram:1/{i}")
+            ]
+    finally:
+        await other_store.aclose()

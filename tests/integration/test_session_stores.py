@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from structlog.testing import capture_logs
 
 from gateway.agents import (
@@ -23,7 +25,8 @@ from gateway.agents import (
     ToolCall,
 )
 from gateway.domain.messages import utcnow
-from gateway.store.tables import MessageRow, ProcessedMessageRow
+from gateway.domain.sessions import StoredVersion
+from gateway.store.tables import MessageRow, ProcessedMessageRow, SessionRow
 
 SUPPORT = Agent("Support", "Help.")
 BILLING = Agent("Billing", "Bill.")
@@ -275,10 +278,14 @@ async def bulk_expired(store: BaseSessionStore, count: int) -> None:
         )
 
 
-async def test_a_second_store_on_the_same_database_sees_every_change(store: BaseSessionStore) -> None:
+def _shared_sql_store(store: BaseSessionStore) -> SQLSessionStore:
     if not isinstance(store, SQLSessionStore) or store.engine.url.database in (None, "", ":memory:"):
         pytest.skip(reason="only a database that two stores can open is shared")
-    other = SQLSessionStore(store.engine.url.render_as_string(hide_password=False))
+    return store
+
+
+async def test_a_second_store_on_the_same_database_sees_every_change(store: BaseSessionStore) -> None:
+    other = SQLSessionStore(_shared_sql_store(store).engine.url.render_as_string(hide_password=False))
     try:
         first = await store.get_or_create("s1", SUPPORT)
         exchange(first.history, "one")
@@ -292,5 +299,53 @@ async def test_a_second_store_on_the_same_database_sees_every_change(store: Base
         fresh = await other.get("s1")
         assert fresh is not None
         assert [m.content for m in fresh.history if m.role is Role.USER] == ["one", "two"]
+    finally:
+        await other.aclose()
+
+
+async def test_a_version_read_under_a_lease_spares_reading_the_session(store: BaseSessionStore) -> None:
+    """The worker's claim reads the session's version; a store that remembers that version (or is told
+    there is no row yet) reads nothing more."""
+    sql = _shared_sql_store(store)
+    session = await sql.get_or_create("s1", SUPPORT)
+    exchange(session.history, "one")
+    await sql.save(session)
+    version = StoredVersion(session.updated_at)
+    other = SQLSessionStore(sql.engine.url.render_as_string(hide_password=False))
+    try:
+        async with other.engine.begin() as conn:  # the row changes behind `sql`'s back, same version
+            await conn.execute(update(SessionRow).values(metadata_json={"seen": "by the row"}))
+        trusted = await sql.get_or_create("s1", SUPPORT, stored=version)
+        assert trusted.metadata == {}  # the remembered copy: the row was not read
+        assert len(trusted.history) == 4
+        read = await sql.get_or_create("s1", SUPPORT)
+        assert read.metadata == {"seen": "by the row"}
+        fresh = await sql.get_or_create("s2", SUPPORT, stored=StoredVersion(None))
+        assert fresh.history == []
+    finally:
+        await other.aclose()
+
+
+async def test_a_stale_version_cannot_overwrite_another_stores_turn(store: BaseSessionStore) -> None:
+    """Should a claim ever read a version older than the newest (a PostgreSQL snapshot taken just
+    before another process's commit), the turn built on the stale copy fails to commit: the next
+    message position is taken, so nothing of the other turn is lost."""
+    sql = _shared_sql_store(store)
+    other = SQLSessionStore(sql.engine.url.render_as_string(hide_password=False))
+    try:
+        first = await sql.get_or_create("s1", SUPPORT)
+        exchange(first.history, "one")
+        await sql.save(first)
+        stale = StoredVersion(first.updated_at)
+        later = await other.get_or_create("s1", SUPPORT)
+        exchange(later.history, "two")
+        await other.save(later)
+        behind = await sql.get_or_create("s1", SUPPORT, stored=stale)
+        exchange(behind.history, "three")
+        with pytest.raises((sqlite3.IntegrityError, IntegrityError)):
+            await sql.save(behind)
+        kept = await other.get("s1")
+        assert kept is not None
+        assert [m.content for m in kept.history if m.role is Role.USER] == ["one", "two"]
     finally:
         await other.aclose()

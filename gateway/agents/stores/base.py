@@ -15,6 +15,7 @@ import structlog
 from gateway.agents.agent import Agent
 from gateway.agents.context import DEFAULT_MAX_TURNS, DEFAULT_TITLE, SessionContext, make_title
 from gateway.domain.messages import Role
+from gateway.domain.sessions import StoredVersion
 from gateway.errors import GatewayError
 from gateway.store import dedup
 
@@ -122,6 +123,7 @@ class BaseSessionStore(ABC):
         *,
         metadata: dict[str, Any] | None = None,
         max_turns: int | None = None,
+        stored: StoredVersion | None = None,
     ) -> SessionContext: ...
 
     @abstractmethod

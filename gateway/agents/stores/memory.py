@@ -13,6 +13,7 @@ from gateway.agents.stores.base import (
     SessionInfo,
 )
 from gateway.domain.messages import utcnow
+from gateway.domain.sessions import StoredVersion
 
 
 class SessionStore(BaseSessionStore):
@@ -38,6 +39,7 @@ class SessionStore(BaseSessionStore):
         *,
         metadata: dict[str, Any] | None = None,
         max_turns: int | None = None,
+        stored: StoredVersion | None = None,
     ) -> SessionContext:
         session = self._sessions.get(session_id)
         if session is None:

@@ -11,6 +11,7 @@ import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from gateway.agents.stores.base import (
     SessionInfo,
 )
 from gateway.domain.messages import Message, utcnow
+from gateway.domain.sessions import StoredVersion
 from gateway.store import dedup, migrations, sessions, turns
 from gateway.store.database import Database, Engine
 from gateway.store.engine import async_url
@@ -31,6 +33,19 @@ from gateway.store.session_locks import session_lock
 
 RECENT_SESSIONS = 1000  # decoded sessions kept per store, so a turn need not re-read its history
 PG_SESSION_LOCKS = 20  # sessions one store runs turns on at once, on a database it opens
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    """A session as this store last read or wrote it: its row (`updated_at` is its version) and its
+    decoded messages (never changed in place once stored, so turns may share them)."""
+
+    updated_at: datetime
+    created_at: datetime
+    agent_name: str
+    title: str | None
+    metadata: dict[str, Any]
+    messages: tuple[Message, ...]
 
 
 class SQLSessionStore(BaseSessionStore):
@@ -55,7 +70,7 @@ class SQLSessionStore(BaseSessionStore):
         else:  # an AsyncEngine (TypeError for anything else)
             self.database, self._owns_database = Database.on_engine(url_or_database), True
         self._schema_ready = False
-        self._recent: OrderedDict[str, tuple[datetime, tuple[Message, ...]]] = OrderedDict()
+        self._recent: OrderedDict[str, _Remembered] = OrderedDict()
         # Each PostgreSQL session lock holds a pooled connection for the whole turn; leave the other
         # half of the pool for the turns' own reads and writes, so lock holders cannot starve them.
         self._lock = session_lock(self.database, _pool_capacity(self.database) // 2)
@@ -86,8 +101,12 @@ class SQLSessionStore(BaseSessionStore):
         *,
         metadata: dict[str, Any] | None = None,
         max_turns: int | None = None,
+        stored: StoredVersion | None = None,
     ) -> SessionContext:
-        session = await self._load(session_id, max_turns)
+        """`stored`: the session's version as the caller read it under its conversation's lease (the
+        worker's claim): no read at all when it says there is no row, or names the version this store
+        remembers."""
+        session = await self._load(session_id, max_turns, stored)
         if session is None:
             return SessionContext(session_id, default_agent, max_turns or self.default_max_turns, metadata)
         if metadata:
@@ -97,39 +116,53 @@ class SQLSessionStore(BaseSessionStore):
     async def get(self, session_id: str) -> SessionContext | None:
         return await self._load(session_id, None)
 
-    async def _load(self, session_id: str, max_turns: int | None) -> SessionContext | None:
+    async def _load(
+        self, session_id: str, max_turns: int | None, stored: StoredVersion | None = None
+    ) -> SessionContext | None:
+        remembered = self._recent.get(session_id)
+        if stored is not None and stored.updated_at is None:
+            self._recent.pop(session_id, None)
+            return None
+        if stored is not None and remembered is not None and remembered.updated_at == stored.updated_at:
+            self._recent.move_to_end(session_id)
+            return self._session_of(session_id, max_turns, remembered)
         db = await self._ready()
-        cached = self._recent.get(session_id)
-        loaded = await sessions.load(db, session_id, cached[0] if cached else None)
+        loaded = await sessions.load(db, session_id, remembered.updated_at if remembered else None)
         if loaded is None:
             self._recent.pop(session_id, None)
             return None
+        if loaded.messages is None and remembered is not None:
+            messages = remembered.messages  # unchanged since this store last saw it: no decoding
+        else:
+            messages = tuple(_decoded(loaded.messages or ()))
+        remembered = _Remembered(
+            loaded.updated_at,
+            loaded.created_at,
+            loaded.agent_name or "",
+            loaded.title,
+            loaded.metadata,
+            messages,
+        )
+        self._remember(session_id, remembered)
+        return self._session_of(session_id, max_turns, remembered)
+
+    def _session_of(self, session_id: str, max_turns: int | None, remembered: _Remembered) -> SessionContext:
         session = SessionContext(
             session_id,
-            self._resolve_agent(loaded.agent_name or ""),
+            self._resolve_agent(remembered.agent_name),
             max_turns or self.default_max_turns,
-            loaded.metadata,
+            dict(remembered.metadata),
         )
-        session.title = loaded.title
-        session.created_at, session.updated_at = loaded.created_at, loaded.updated_at
-        if loaded.messages is None and cached is not None:
-            session.history = list(cached[1])  # unchanged since this store last saw it: no decoding
-        else:
-            for position, data in loaded.messages or ():
-                message = Message.from_dict(data)
-                message.position = position
-                session.history.append(message)
-            self._remember(session)
+        session.title = remembered.title
+        session.created_at, session.updated_at = remembered.created_at, remembered.updated_at
+        session.history = list(remembered.messages)
         session._mark_saved()
         return session
 
-    def _remember(self, session: SessionContext) -> None:
-        """Keep the decoded messages of recently used sessions, checked by updated_at on every load.
-
-        Stored messages are never changed in place, so sharing the objects between turns is safe.
-        """
-        self._recent.pop(session.session_id, None)
-        self._recent[session.session_id] = (session.updated_at, tuple(session.history))
+    def _remember(self, session_id: str, remembered: _Remembered) -> None:
+        """Keep recently used sessions, checked by updated_at on every load."""
+        self._recent.pop(session_id, None)
+        self._recent[session_id] = remembered
         while len(self._recent) > RECENT_SESSIONS:
             self._recent.popitem(last=False)
 
@@ -169,7 +202,17 @@ class SQLSessionStore(BaseSessionStore):
         session.title = title
         session.updated_at = now
         session._mark_saved()
-        self._remember(session)
+        self._remember(
+            session.session_id,
+            _Remembered(
+                now,
+                session.created_at,
+                session.active_agent.name,
+                title,
+                dict(session.metadata),
+                tuple(session.history),
+            ),
+        )
 
     async def delete(self, session_id: str) -> bool:
         db = await self._ready()
@@ -239,3 +282,10 @@ def _pool_capacity(db: Database) -> int:
     size = getattr(pool, "size", None)
     overflow = int(getattr(pool, "_max_overflow", 0))
     return (int(size()) if callable(size) else 5) + max(0, overflow)
+
+
+def _decoded(rows: Any) -> Any:
+    for position, data in rows:
+        message = Message.from_dict(data)
+        message.position = position
+        yield message
