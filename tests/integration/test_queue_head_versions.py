@@ -64,3 +64,46 @@ async def test_an_older_row_back_in_the_queue_is_the_head_again(db: Database) ->
         await conn.execute(update(InboxRow).where(InboxRow.id == first.id).values(status="pending"))
     claimed = await inbox.claim(db, "w", timedelta(seconds=30), 10)
     assert [row.text for row in claimed] == ["a/0"]  # the requeued older row goes first
+
+
+PENDING_INDEX_READS = (
+    "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'ix_chatflow_inbox_pending'"
+)
+
+
+async def _settle(db: Database, row_id: int) -> None:
+    """Mark a claimed row done, as a turn's commit does; the settled trigger refreshes the head."""
+    async with db.begin() as conn:
+        await conn.execute(
+            update(InboxRow)
+            .where(InboxRow.id == row_id)
+            .values(status="done", lease_owner=None, lease_until=None)
+        )
+        await conn.execute(text("SELECT pg_stat_force_next_flush()"))  # counted once this commits
+
+
+async def test_a_settle_under_a_held_snapshot_skips_the_conversations_earlier_rows(db: Database) -> None:
+    """Migration 0014: while a snapshot is held, the pending index keeps an entry for every row of the
+    conversation that was ever pending; the head's refresh starts at the head, not at the first of them."""
+    if db.dialect != "postgresql":
+        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    settled = 100
+    async with db.begin() as conn:
+        await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 2)])
+    async with db.connect() as holder:  # a long report: its snapshot keeps every row version
+        await holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        await holder.execute(text("SELECT count(*) FROM chatflow_inbox"))
+        for _ in range(settled):
+            (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+            await _settle(db, row.id)
+        (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+        async with db.connect() as conn:
+            before = (await conn.execute(text(PENDING_INDEX_READS))).scalar_one()
+        await _settle(db, row.id)
+        async with db.connect() as conn:
+            after = (await conn.execute(text(PENDING_INDEX_READS))).scalar_one()
+        await holder.rollback()
+    assert after - before < 10  # the head's row and the next; unbounded, each of the 100 settled too
+    (last,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+    assert last.text == f"a/{settled + 1}"
