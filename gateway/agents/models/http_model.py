@@ -32,7 +32,7 @@ from gateway.agents.models.wire import (
     retry_after,
 )
 from gateway.domain.messages import Message, ModelUsage
-from gateway.http_client import http_client
+from gateway.http_client import endpoint, http_client
 
 __all__ = ["AgentLike", "HttpChatModel", "Malformed"]
 
@@ -107,7 +107,6 @@ class HttpChatModel:
         self._retry_after_max = retry_after_max
         self._sleep = sleep
         self.budget = budget or ProviderBudget(self.PROVIDER, sleep=sleep)
-        self._parsed_url: tuple[str, httpx.URL] | None = None
 
     def __repr__(self) -> str:  # never shows the api key
         return f"{type(self).__name__}(model={self.model!r}, base_url={self.base_url!r})"
@@ -209,7 +208,7 @@ class HttpChatModel:
             started = time.perf_counter()
             try:
                 response = await self._client.post(
-                    self._endpoint(),
+                    endpoint(self.url),
                     content=content,
                     headers=headers,
                     timeout=self.timeout,
@@ -231,13 +230,6 @@ class HttpChatModel:
         if response.status_code in RETRYABLE_STATUSES:
             raise _RetryableStatus(response.status_code, message, wait)
         raise ModelError(message, status=response.status_code, provider=self.PROVIDER)
-
-    def _endpoint(self) -> httpx.URL:
-        """`url`, parsed once while it stays the same: httpx parses a str URL on every call."""
-        url = self.url
-        if self._parsed_url is None or self._parsed_url[0] != url:
-            self._parsed_url = (url, httpx.URL(url))
-        return self._parsed_url[1]
 
     def _wait(self, state: RetryCallState) -> float:
         """The server's Retry-After when it gave one (capped), else jittered exponential backoff; none

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -284,7 +284,7 @@ def _pool_capacity(db: Database) -> int:
     return (int(size()) if callable(size) else 5) + max(0, overflow)
 
 
-def _decoded(rows: Any) -> Any:
+def _decoded(rows: Iterable[tuple[int, dict[str, Any]]]) -> Iterator[Message]:
     for position, data in rows:
         message = Message.from_dict(data)
         message.position = position

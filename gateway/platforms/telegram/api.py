@@ -14,6 +14,7 @@ import structlog
 
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, TelegramTarget
 from gateway.errors import GatewayError
+from gateway.http_client import endpoint
 from gateway.platforms.base import DeliveryError
 
 # The update kinds the Telegram adapter acts on or records; what setWebhook asks Telegram to send.
@@ -55,7 +56,6 @@ class TelegramAPI:
     def __init__(self, token: str, api_base: str, client: httpx.AsyncClient) -> None:
         self._url = f"{api_base.rstrip('/')}/bot{token}"
         self._client = client
-        self._method_urls: dict[str, httpx.URL] = {}  # parsed once: httpx parses a str on every call
 
     def __repr__(self) -> str:
         return "TelegramAPI(<token hidden>)"
@@ -64,7 +64,7 @@ class TelegramAPI:
         """POST one method; its `result`, or TelegramAPIError with Telegram's code and description."""
         try:
             body = orjson.dumps(params)
-            response = await self._client.post(self._method_url(method), content=body, headers=JSON)
+            response = await self._client.post(endpoint(f"{self._url}/{method}"), content=body, headers=JSON)
         except httpx.HTTPError as exc:  # the message of some httpx errors holds the URL, i.e. the token
             raise TelegramAPIError(method, None, f"cannot reach the Bot API ({type(exc).__name__})") from None
         try:
@@ -84,12 +84,6 @@ class TelegramAPI:
                 _chat_id(parameters.get("migrate_to_chat_id")),
             )
         return body.get("result")
-
-    def _method_url(self, method: str) -> httpx.URL:
-        url = self._method_urls.get(method)
-        if url is None:
-            url = self._method_urls[method] = httpx.URL(f"{self._url}/{method}")
-        return url
 
     async def set_webhook(self, url: str, secret_token: str, *, drop_pending_updates: bool = False) -> Any:
         return await self.call(

@@ -11,6 +11,7 @@ import httpx
 import structlog
 
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, WhatsAppTarget
+from gateway.http_client import endpoint
 from gateway.platforms.base import DeliveryError
 
 # Meta's throttling and transient codes: back off and retry. Anything else is final (see platform specs).
@@ -46,7 +47,7 @@ class WhatsAppSender:
             body["recipient"] = target.user_id or target.chat_id  # a business-scoped user id
         url = f"{self._api_base}/{target.scope}/messages"
         try:
-            response = await self._client.post(url, json=body, headers=self._headers)
+            response = await self._client.post(endpoint(url), json=body, headers=self._headers)
         except httpx.HTTPError as exc:
             raise DeliveryError(
                 f"cannot reach the Graph API ({type(exc).__name__})", permanent=False
