@@ -10,11 +10,13 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import false, select, tuple_
+from sqlalchemy import String, bindparam, false, select, text, tuple_
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import MembershipChange
 from gateway.store.database import Database
+from gateway.store.postgres_lanes import PostgresLanes, Statement
 from gateway.store.sqlite_thread import to_sqlite_datetime
 from gateway.store.tables import ChatRow
 
@@ -87,6 +89,22 @@ async def unreachable_on_engine(conn: AsyncConnection, chats: Iterable[Chat]) ->
         ChatRow.reachable == false(), tuple_(ChatRow.platform, ChatRow.chat_id).in_(wanted)
     )
     return {(platform, chat_id) for platform, chat_id in await conn.execute(query)}
+
+
+_UNREACHABLE_ON_POSTGRES = Statement(
+    text(
+        "SELECT c.platform, c.chat_id FROM chatflow_chats AS c JOIN unnest(:platforms, :chat_ids) "
+        "AS w(platform, chat_id) ON c.platform = w.platform AND c.chat_id = w.chat_id WHERE NOT c.reachable"
+    ).bindparams(bindparam("platforms", type_=ARRAY(String)), bindparam("chat_ids", type_=ARRAY(String)))
+)
+
+
+async def unreachable_on_postgres(lanes: PostgresLanes, chats: Iterable[Chat]) -> set[Chat]:
+    wanted = sorted(set(chats))
+    if not wanted:
+        return set()
+    params = {"platforms": [p for p, _ in wanted], "chat_ids": [c for _, c in wanted]}
+    return {(platform, chat_id) for platform, chat_id in await lanes.fetch(_UNREACHABLE_ON_POSTGRES, params)}
 
 
 async def unreachable(db: Database, chats: Iterable[Chat]) -> set[Chat]:

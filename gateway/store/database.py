@@ -6,7 +6,8 @@ writer thread, and `on_engine`, SQLAlchemy Core on an async connection (PostgreS
 `Database.read` and `Database.write` run the spelling of the backend picked when the Database was
 built; nothing else asks which backend it is on, except four writes of the per-message path, which
 have a PostgreSQL spelling of one statement each (turns.py, postgres_ingest.py, sent_replies.py and
-leases.py's claim; docs/architecture.md says why).
+leases.py's claim; docs/architecture.md says why), run on `Database.postgres`'s held connections
+(postgres_lanes.py).
 
 Why the file gets its own spelling: through SQLAlchemy and aiosqlite every cursor step is its own hop
 to the driver's thread (a turn's save took 14), which capped a store near a thousand writes per
@@ -45,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gateway.store.engine import SQLITE_IMMEDIATE, create_engine, sqlite_file_path
 from gateway.store.group_commit import Done, GroupCommit, Outcome
+from gateway.store.postgres_lanes import MAX_LANES, PostgresLanes
 from gateway.store.sqlite_thread import SQLiteThread
 
 T = TypeVar("T")
@@ -128,6 +130,8 @@ class Database:
         self.read: Run = self._backend.read
         self.write: Run = self._backend.write
         self.write_alone: Run = self._backend.write_alone
+        # PostgreSQL: the per-message statements' held connections (postgres_lanes.py), half the pool.
+        self.postgres = _lanes(engine) if self.dialect == "postgresql" else None
 
     @classmethod
     def open(cls, url: str, **engine_options: Any) -> Database:
@@ -176,8 +180,17 @@ class Database:
     async def aclose(self) -> None:
         """Answer what was submitted, stop the writer thread and close the engine (if it is ours)."""
         await self._backend.aclose()
+        if self.postgres is not None:
+            await self.postgres.aclose()
         if self._owns_engine:
             await self.engine.dispose()
+
+
+def _lanes(engine: AsyncEngine) -> PostgresLanes:
+    pool: Any = engine.pool
+    size = pool.size() if hasattr(pool, "size") else 0
+    timeout = pool.timeout() if hasattr(pool, "timeout") else 30.0
+    return PostgresLanes(engine, min(MAX_LANES, size // 2), timeout)
 
 
 class _EngineBackend:

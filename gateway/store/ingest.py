@@ -122,11 +122,11 @@ class Ingest:
         # then the conversations' queue heads, which the inbox's trigger moves in session order, then
         # delivery statuses), so two batches never wait for each other in a cycle.
         distinct = sorted((items[i].key, items[i].platform) for i in first.values())
-        if db.dialect == "postgresql" and not any(item.status or item.membership for item in items):
+        if db.postgres is not None and not any(item.status or item.membership for item in items):
             firsts = [items[i].message for i in sorted(first.values())]
             pending = [items[i].pending for i in sorted(first.values())]
             claimed = await postgres_ingest.store_messages(
-                db, distinct, firsts, pending, now, dedup.expires_at(now, self._ttl)
+                db.postgres, distinct, firsts, pending, now, dedup.expires_at(now, self._ttl)
             )
             return _per_request(
                 requests, [first[i.key] == n and i.key in claimed for n, i in enumerate(items)]

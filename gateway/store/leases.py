@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.domain.messages import utcnow
 from gateway.store import queue_heads
 from gateway.store.database import Database
+from gateway.store.postgres_lanes import PostgresLanes, Statement
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
 from gateway.store.tables import SessionRow, pending_by_row
 
@@ -62,9 +63,11 @@ async def claim(
     if limit <= 0 or (sessions is not None and not sessions):
         return []
     now = utcnow()
+    if db.postgres is not None:
+        return await claim_on_postgres(db.postgres, table, columns, owner, now, now + lease, limit, sessions)
     return await db.write_alone(
         claim_on_file(table, columns, owner, now, now + lease, limit),
-        claim_on_engine(table, columns, owner, now, now + lease, limit, sessions),
+        claim_on_engine(table, columns, owner, now, now + lease, limit),
     )
 
 
@@ -89,7 +92,8 @@ def claim_on_file(
     return work
 
 
-def claim_on_engine(
+async def claim_on_postgres(
+    lanes: PostgresLanes,
     table: Any,
     columns: tuple[str, ...],
     owner: str,
@@ -97,21 +101,25 @@ def claim_on_engine(
     lease_until: datetime,
     limit: int,
     sessions: Sequence[str] | None = None,
+) -> list[Row]:
+    """The claim on PostgreSQL: one statement, heads then rows (one round trip instead of four with
+    BEGIN and COMMIT), only the heads of `sessions` when given (see `claim`)."""
+    queue = table.__tablename__
+    params = {"b_queue": queue, "owner": owner, "now": now, "until": lease_until, "limit": limit}
+    if sessions is not None:
+        params["sessions"] = sorted(set(sessions))
+    leased = await lanes.fetch(_claim_statement(table, columns, hinted=sessions is not None), params)
+    return sorted((tuple(row) for row in leased), key=lambda row: row[0])
+
+
+def claim_on_engine(
+    table: Any, columns: tuple[str, ...], owner: str, now: datetime, lease_until: datetime, limit: int
 ) -> Callable[[AsyncConnection], Any]:
-    """The same claim in SQLAlchemy, outside a transaction (`Database.write_alone`): on PostgreSQL one
-    statement, heads then rows (one round trip instead of four with BEGIN and COMMIT), only the heads
-    of `sessions` when given (see `claim`); on in-memory SQLite two, on the one connection nobody
-    else uses meanwhile."""
+    """The same claim in SQLAlchemy for in-memory SQLite: two statements, outside a transaction
+    (`Database.write_alone`), on the one connection nobody else uses meanwhile."""
     queue = table.__tablename__
 
     async def work(conn: AsyncConnection) -> list[Row]:
-        if conn.dialect.name == "postgresql":
-            params = {"b_queue": queue, "owner": owner, "now": now, "until": lease_until, "limit": limit}
-            if sessions is not None:
-                params["sessions"] = sorted(set(sessions))
-            statement = _claim_statement(table, columns, hinted=sessions is not None)
-            leased = await conn.execute(statement, params)
-            return sorted((tuple(row) for row in leased), key=lambda row: row[0])
         heads = await queue_heads.lease_on_engine(conn, queue, owner, now, lease_until, limit)
         if not heads:
             return []
@@ -125,11 +133,11 @@ def claim_on_engine(
 
 
 @functools.cache
-def _claim_statement(table: Any, columns: tuple[str, ...], hinted: bool) -> Any:
+def _claim_statement(table: Any, columns: tuple[str, ...], hinted: bool) -> Statement:
     """PostgreSQL: the heads' lease (queue_heads.py) as a CTE, and the rows they point at, named with
     their conversations (by id alone PostgreSQL read the whole pending index: see store/turns.py)."""
     heads = queue_heads.lease_statement(hinted).cte("leased")
-    return (
+    return Statement(
         update(table)
         .where(
             tuple_(table.session_id, table.id).in_(select(heads.c.session_id, heads.c.next_id)),

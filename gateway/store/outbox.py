@@ -207,18 +207,24 @@ async def claim(
     if limit <= 0 or (sessions is not None and not sessions):
         return []
     now = utcnow()
-    claim_file = leases.claim_on_file(OutboxRow, _CLAIMED, owner, now, now + lease, limit)
-    claim_engine = leases.claim_on_engine(OutboxRow, _CLAIMED, owner, now, now + lease, limit, sessions)
+    if db.postgres is not None:
+        rows = await leases.claim_on_postgres(
+            db.postgres, OutboxRow, _CLAIMED, owner, now, now + lease, limit, sessions
+        )
+        unreachable = await chats.unreachable_on_postgres(db.postgres, _chats_of(rows))
+    else:
+        claim_file = leases.claim_on_file(OutboxRow, _CLAIMED, owner, now, now + lease, limit)
+        claim_engine = leases.claim_on_engine(OutboxRow, _CLAIMED, owner, now, now + lease, limit)
 
-    def on_file(conn: sqlite3.Connection) -> tuple[list[leases.Row], set[chats.Chat]]:
-        rows = claim_file(conn)
-        return rows, chats.unreachable_on_file(conn, _chats_of(rows))
+        def on_file(conn: sqlite3.Connection) -> tuple[list[leases.Row], set[chats.Chat]]:
+            rows = claim_file(conn)
+            return rows, chats.unreachable_on_file(conn, _chats_of(rows))
 
-    async def on_engine(conn: AsyncConnection) -> tuple[list[leases.Row], set[chats.Chat]]:
-        rows = await claim_engine(conn)
-        return rows, await chats.unreachable_on_engine(conn, _chats_of(rows))
+        async def on_engine(conn: AsyncConnection) -> tuple[list[leases.Row], set[chats.Chat]]:
+            rows = await claim_engine(conn)
+            return rows, await chats.unreachable_on_engine(conn, _chats_of(rows))
 
-    rows, unreachable = await db.write_alone(on_file, on_engine)  # see leases.claim_on_engine
+        rows, unreachable = await db.write_alone(on_file, on_engine)  # see leases.claim_on_engine
     claimed = []
     for row_id, platform, session_id, kind, text, target_json, attempts, retry_until in rows:
         target_type = targets.get(platform, ReplyTarget)

@@ -15,11 +15,10 @@ from typing import Any
 
 from sqlalchemy import DateTime, Text, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import InboundMessage
 from gateway.store import inbox
-from gateway.store.database import Database, engine_only
+from gateway.store.postgres_lanes import PostgresLanes, Statement
 
 __all__ = ["store_messages"]
 
@@ -34,7 +33,7 @@ _INBOX = (
     "i_messages",
     "i_statuses",
 )
-_STATEMENT = text(
+_CLAUSE = text(
     "WITH claimed AS (INSERT INTO chatflow_processed_messages (message_key, platform, processed_at, "
     "expires_at) SELECT k.key, k.platform, :now, :expires FROM unnest(:keys, :platforms) AS k(key, platform) "
     "ORDER BY k.key ON CONFLICT (message_key) DO UPDATE SET platform = excluded.platform, "
@@ -52,10 +51,11 @@ _STATEMENT = text(
     bindparam("expires", type_=DateTime(timezone=True)),
     *(bindparam(name, type_=ARRAY(Text)) for name in ("keys", "platforms", *_INBOX)),
 )
+_STATEMENT = Statement(_CLAUSE)
 
 
 async def store_messages(
-    db: Database,
+    lanes: PostgresLanes,
     keys: Sequence[tuple[str, str]],
     messages: Sequence[InboundMessage | None],
     pending: Sequence[bool],
@@ -74,7 +74,4 @@ async def store_messages(
         **{name: list(column) for name, column in zip(_INBOX, columns, strict=False)},
     }
 
-    async def on_engine(conn: AsyncConnection) -> set[str]:
-        return set((await conn.execute(_STATEMENT, params)).scalars())
-
-    return await db.write_alone(engine_only, on_engine)
+    return {key for (key,) in await lanes.fetch(_STATEMENT, params, urgent=True)}

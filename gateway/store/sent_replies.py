@@ -25,6 +25,7 @@ from gateway.domain.messages import utcnow
 from gateway.store import leases
 from gateway.store.database import Database, engine_only
 from gateway.store.group_commit import GroupCommit, Outcome
+from gateway.store.postgres_lanes import Statement
 from gateway.store.sqlite_thread import to_sqlite_datetime
 from gateway.store.tables import OutboxRow
 
@@ -35,21 +36,23 @@ _ON_FILE = (
     "UPDATE chatflow_outbox SET status = ?, platform_message_id = ?, lease_owner = NULL, lease_until = NULL, "
     "updated_at = ? WHERE id = ? AND lease_owner = ? AND status = 'pending'"
 )
-_ON_POSTGRES = text(
-    "WITH v AS (SELECT * FROM unnest(:ids, :owners, :statuses, :message_ids) AS v(id, owner, status, "
-    "message_id)), "
-    "locked AS MATERIALIZED (SELECT o.id FROM chatflow_outbox AS o JOIN v ON o.id = v.id "
-    "AND o.lease_owner = v.owner WHERE o.status = 'pending' ORDER BY o.id FOR UPDATE OF o) "
-    "UPDATE chatflow_outbox AS o SET status = v.status, platform_message_id = v.message_id, "
-    "lease_owner = NULL, lease_until = NULL, updated_at = :now FROM v "
-    "WHERE o.id = v.id AND o.id IN (SELECT id FROM locked) AND o.lease_owner = v.owner "
-    "AND o.status = 'pending' RETURNING o.id"
-).bindparams(
-    bindparam("ids", type_=ARRAY(BigInteger)),
-    bindparam("owners", type_=ARRAY(String)),
-    bindparam("statuses", type_=ARRAY(String)),
-    bindparam("message_ids", type_=ARRAY(String)),
-    bindparam("now", type_=DateTime(timezone=True)),
+_ON_POSTGRES = Statement(
+    text(
+        "WITH v AS (SELECT * FROM unnest(:ids, :owners, :statuses, :message_ids) AS v(id, owner, status, "
+        "message_id)), "
+        "locked AS MATERIALIZED (SELECT o.id FROM chatflow_outbox AS o JOIN v ON o.id = v.id "
+        "AND o.lease_owner = v.owner WHERE o.status = 'pending' ORDER BY o.id FOR UPDATE OF o) "
+        "UPDATE chatflow_outbox AS o SET status = v.status, platform_message_id = v.message_id, "
+        "lease_owner = NULL, lease_until = NULL, updated_at = :now FROM v "
+        "WHERE o.id = v.id AND o.id IN (SELECT id FROM locked) AND o.lease_owner = v.owner "
+        "AND o.status = 'pending' RETURNING o.id"
+    ).bindparams(
+        bindparam("ids", type_=ARRAY(BigInteger)),
+        bindparam("owners", type_=ARRAY(String)),
+        bindparam("statuses", type_=ARRAY(String)),
+        bindparam("message_ids", type_=ARRAY(String)),
+        bindparam("now", type_=DateTime(timezone=True)),
+    )
 )
 
 
@@ -92,7 +95,7 @@ class SentReplies:
 
     async def _on_engine(self, items: list[_Sent]) -> list[Outcome]:
         now = utcnow()
-        if self._db.dialect == "postgresql":
+        if self._db.postgres is not None:
             params = {
                 "ids": [i.row_id for i in items],
                 "owners": [i.owner for i in items],
@@ -100,11 +103,7 @@ class SentReplies:
                 "message_ids": [i.platform_message_id for i in items],
                 "now": now,
             }
-
-            async def on_postgres(conn: AsyncConnection) -> set[int]:
-                return set((await conn.execute(_ON_POSTGRES, params)).scalars())
-
-            written = await self._db.write_alone(engine_only, on_postgres)
+            written = {row_id for (row_id,) in await self._db.postgres.fetch(_ON_POSTGRES, params)}
             return [(True, i.row_id in written) for i in items]
 
         async def one_by_one(conn: AsyncConnection) -> list[Outcome]:  # in-memory SQLite

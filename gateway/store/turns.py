@@ -19,8 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from gateway.domain.outbound import OutboundMessage
 from gateway.domain.usage import TurnUsage
 from gateway.store import inbox, outbox, runs, sessions, usage
-from gateway.store.database import Database, engine_only
+from gateway.store.database import Database
 from gateway.store.inbox import LeaseLostError
+from gateway.store.postgres_lanes import PostgresLanes, Statement
 from gateway.store.storable import json_text
 
 __all__ = ["LeaseLostError", "TurnCompletion", "commit"]
@@ -42,8 +43,8 @@ class TurnCompletion:
 async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnCompletion | None = None) -> bool:
     """Write the turn; False when its session was deleted meanwhile, LeaseLostError when the inbox row
     is no longer ours (nothing written either way)."""
-    if completion is not None and db.dialect == "postgresql":
-        return await _commit_on_postgres(db, turn, completion)
+    if completion is not None and db.postgres is not None:
+        return await _commit_on_postgres(db.postgres, turn, completion)
     now = turn.fields.updated_at
     save_file = sessions.save_on_file(turn)
     replies_file = (
@@ -163,18 +164,20 @@ _SCALAR_TYPES: dict[str, Any] = {
 }
 
 
-def _postgres_statement(head: str) -> Any:
+def _postgres_statement(head: str) -> Statement:
     sql = head + _REST
     types = {**_ARRAY_TYPES, **_SCALAR_TYPES}
     bound = (bindparam(name, type_=kind) for name, kind in types.items() if re.search(rf":{name}\b", sql))
-    return text(sql).bindparams(*bound)
+    return Statement(text(sql).bindparams(*bound))
 
 
 _TURN_SESSION_UPDATED = _postgres_statement(_SESSION_UPDATED)
 _TURN_SESSION_CREATED = _postgres_statement(_SESSION_CREATED)
 
 
-async def _commit_on_postgres(db: Database, turn: sessions.TurnWrite, completion: TurnCompletion) -> bool:
+async def _commit_on_postgres(
+    lanes: PostgresLanes, turn: sessions.TurnWrite, completion: TurnCompletion
+) -> bool:
     fields, now = turn.fields, turn.fields.updated_at
     replies, usages = completion.outbound, completion.usage
     params: dict[str, Any] = {
@@ -212,11 +215,7 @@ async def _commit_on_postgres(db: Database, turn: sessions.TurnWrite, completion
     else:
         statement, params["created_at"] = _TURN_SESSION_CREATED, turn.created_at
 
-    async def on_engine(conn: AsyncConnection) -> tuple[int, int]:
-        live, done = (await conn.execute(statement, params)).one()
-        return live, done
-
-    live, done = await db.write_alone(engine_only, on_engine)
+    ((live, done),) = await lanes.fetch(statement, params)
     if not live:
         return False
     if not done:

@@ -20,7 +20,7 @@ from sqlalchemy import event, text
 from gateway.agents import Agent, Message, Role, Runner, SQLSessionStore
 from gateway.agents.models.base import ToolSpec
 from gateway.domain.inbound import ConversationKey, InboundMessage, MessageKind, ParsedUpdate, StatusUpdate
-from gateway.store import inbox, migrations, outbox
+from gateway.store import inbox, migrations, outbox, postgres_lanes
 from gateway.store.database import Database
 from gateway.store.ingest import Ingest
 from gateway.store.sent_replies import SentReplies
@@ -103,9 +103,19 @@ def message(number: int) -> InboundMessage:
     )
 
 
-async def test_no_hot_statement_reads_a_whole_table(full_database: Database) -> None:
+async def test_no_hot_statement_reads_a_whole_table(
+    full_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = full_database
     captured: list[tuple[str, Any]] = []
+    run_on_lane = postgres_lanes._execute
+
+    async def capture_lane(raw: Any, statement: str, args: list[Any]) -> Any:
+        captured.append((statement, tuple(args)))
+        return await run_on_lane(raw, statement, args)
+
+    # The per-message statements run on the lanes' asyncpg connections, past SQLAlchemy's events.
+    monkeypatch.setattr(postgres_lanes, "_execute", capture_lane)
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
         if not many and statement.lstrip().split(None, 1)[0].upper() in {
