@@ -37,15 +37,19 @@ _ON_FILE = (
     "updated_at = ? WHERE id = ? AND lease_owner = ? AND status = 'pending'"
 )
 _ON_POSTGRES = Statement(
+    # By primary key only: with `status = 'pending'` in a scan's condition PostgreSQL read the whole
+    # pending index (its statistics say few rows are pending; during a burst it holds thousands of
+    # dead entries): 2.8 ms a call. The rows are locked first, then checked: ours and still pending.
     text(
         "WITH v AS (SELECT * FROM unnest(:ids, :owners, :statuses, :message_ids) AS v(id, owner, status, "
         "message_id)), "
-        "locked AS MATERIALIZED (SELECT o.id FROM chatflow_outbox AS o JOIN v ON o.id = v.id "
-        "AND o.lease_owner = v.owner WHERE o.status = 'pending' ORDER BY o.id FOR UPDATE OF o) "
-        "UPDATE chatflow_outbox AS o SET status = v.status, platform_message_id = v.message_id, "
-        "lease_owner = NULL, lease_until = NULL, updated_at = :now FROM v "
-        "WHERE o.id = v.id AND o.id IN (SELECT id FROM locked) AND o.lease_owner = v.owner "
-        "AND o.status = 'pending' RETURNING o.id"
+        "locked AS MATERIALIZED (SELECT o.id, o.lease_owner, o.status FROM chatflow_outbox AS o "
+        "WHERE o.id = ANY(:ids) ORDER BY o.id FOR UPDATE), "
+        "mine AS (SELECT v.* FROM v JOIN locked AS l ON l.id = v.id AND l.lease_owner = v.owner "
+        "AND l.status = 'pending') "
+        "UPDATE chatflow_outbox AS o SET status = mine.status, platform_message_id = mine.message_id, "
+        "lease_owner = NULL, lease_until = NULL, updated_at = :now FROM mine WHERE o.id = mine.id "
+        "RETURNING o.id"
     ).bindparams(
         bindparam("ids", type_=ARRAY(BigInteger)),
         bindparam("owners", type_=ARRAY(String)),
