@@ -63,13 +63,6 @@ class _Job:
 
 
 @dataclass
-class _Generation:
-    """Bumped when a lane finds its connection lost: every lane older than it reconnects."""
-
-    number: int = 0
-
-
-@dataclass
 class _Lane:
     connection: AsyncConnection | None = None
     raw: Any = None  # its asyncpg connection
@@ -86,7 +79,7 @@ class PostgresLanes:
         self._wait_timeout = wait_timeout
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Job | None]] = asyncio.PriorityQueue()
         self._order = itertools.count()
-        self._generation = _Generation()
+        self._generation = 0  # bumped when a lane finds its connection lost: older lanes reconnect
         self._tasks: list[asyncio.Task[None]] = []
 
     async def fetch(
@@ -135,17 +128,17 @@ class PostgresLanes:
                 await asyncio.shield(lane.connection.close())
 
     async def _run_on(self, lane: _Lane, sql: str, args: list[Any]) -> list[Record]:
-        if lane.connection is not None and lane.generation < self._generation.number:
+        if lane.connection is not None and lane.generation < self._generation:
             await _discard(lane.connection)
             lane.connection = None
         if lane.connection is None:
-            lane.generation = self._generation.number
+            lane.generation = self._generation
             lane.connection = await self._engine.connect()
             lane.raw = (await lane.connection.get_raw_connection()).driver_connection
         try:
             return await _execute(lane.raw, sql, args)
         except OperationalError:
-            self._generation.number += 1
+            self._generation += 1
             await _discard(lane.connection)
             lane.connection = None
             raise
