@@ -1,0 +1,78 @@
+"""How often a claim loop scans every due head (gateway/worker/claim_loop.py).
+
+While hinted claims keep taking rows, a scan of every due head runs at most every BUSY_SCAN_SECONDS
+(on PostgreSQL under a held snapshot each one reads the whole due index); an idle loop, whose rows can
+only come from other processes, keeps scanning every IDLE_POLL_SECONDS. The loop runs for real on
+fake claims; the intervals are shortened so the test takes about two seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.worker import claim_loop
+from gateway.worker.claim_loop import ClaimLoop
+
+IDLE = 0.05
+BUSY = 0.4
+
+
+@dataclass(frozen=True)
+class Row:
+    id: int
+    session_id: str
+
+
+async def scan_gaps(hinted_work: bool, scans_wanted: int) -> list[float]:
+    """The loop's times between consecutive scans, with a conversation that always has a row due (the
+    processed row's conversation is hinted again when it finishes) or with nothing to claim."""
+    loop = asyncio.get_running_loop()
+    scans: list[float] = []
+    enough = asyncio.Event()
+    numbers = iter(range(10**9))
+
+    async def claim(limit: int, sessions: Sequence[str] | None) -> list[Row]:
+        if sessions is None:
+            scans.append(loop.time())
+            if len(scans) >= scans_wanted:
+                enough.set()
+        # With work, the one conversation always has its next row due, whoever looks for it.
+        return [Row(next(numbers), "telegram:1")] if hinted_work else []
+
+    async def process(row: Row) -> None:
+        await asyncio.sleep(0)
+
+    async def nothing(ids: list[int]) -> set[int]:
+        return set(ids)
+
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 1, renew=nothing, release=nothing)
+    running = asyncio.create_task(loop_under_test.run())
+    loop_under_test.wake(["telegram:1"])
+    try:
+        async with asyncio.timeout(10):
+            await enough.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    return [b - a for a, b in itertools.pairwise(scans)]
+
+
+@pytest.fixture(autouse=True)
+def short_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claim_loop, "IDLE_POLL_SECONDS", IDLE)
+    monkeypatch.setattr(claim_loop, "BUSY_SCAN_SECONDS", BUSY)
+
+
+async def test_scans_are_rare_while_hinted_claims_take_rows() -> None:
+    gaps = await scan_gaps(hinted_work=True, scans_wanted=4)
+    assert min(gaps[1:]) >= BUSY * 0.95, gaps  # the first scan ran before any hinted claim
+
+
+async def test_an_idle_loop_keeps_scanning_every_poll() -> None:
+    gaps = await scan_gaps(hinted_work=False, scans_wanted=6)
+    assert max(gaps) < BUSY, gaps
