@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import BigInteger, bindparam, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import InboundMessage, agent_text
@@ -23,6 +23,7 @@ from gateway.domain.sessions import StoredVersion
 from gateway.errors import GatewayError
 from gateway.store import leases, outbox, storable
 from gateway.store.database import Database
+from gateway.store.postgres_lanes import Statement
 from gateway.store.sqlite_thread import to_sqlite_datetime
 from gateway.store.tables import InboxRow, of_status_index
 
@@ -116,7 +117,32 @@ async def claim(
     db: Database, owner: str, lease: timedelta, limit: int, sessions: Sequence[str] | None = None
 ) -> list[ClaimedMessage]:
     """Lease up to `limit` messages whose turns may run, `sessions` first (see leases.claim)."""
-    rows = await leases.claim(db, InboxRow, _CLAIMED, owner, lease, limit, sessions)
+    return _claimed(await leases.claim(db, InboxRow, _CLAIMED, owner, lease, limit, sessions))
+
+
+# PostgreSQL: the row a turn's commit handed on to its worker (turns.TurnCompletion.hand_on_until),
+# found through the pending index from the finished row on: the conversation's earlier rows, whose
+# entries a held snapshot keeps, are not read. `status = 'pending'` is spelled out for that index.
+_HANDED_ON = Statement(
+    text(
+        "SELECT id, platform, session_id, text, message_json, attempts, "
+        f"{leases.SESSION_VERSION_SQL.format(queue='chatflow_inbox')} FROM chatflow_inbox "
+        "WHERE session_id = :session_id AND id > :after AND status = 'pending' AND lease_owner = :owner "
+        "ORDER BY id LIMIT 1"
+    ).bindparams(bindparam("after", type_=BigInteger))
+)
+
+
+async def take_handed_on(db: Database, session_id: str, after: int, owner: str) -> ClaimedMessage | None:
+    """The row of `session_id` after row `after` that a turn's commit leased to `owner`, if it did (on
+    PostgreSQL; elsewhere nothing is handed on)."""
+    if db.postgres is None:
+        return None
+    rows = await db.postgres.fetch(_HANDED_ON, {"session_id": session_id, "after": after, "owner": owner})
+    return next(iter(_claimed([tuple(row) for row in rows])), None)
+
+
+def _claimed(rows: list[leases.Row]) -> list[ClaimedMessage]:
     return [
         ClaimedMessage(
             row_id,

@@ -33,7 +33,7 @@ MAX_OWNER_LENGTH = 64  # the lease_owner columns' width
 # read in the claim's statement, so a worker that remembers that version of the session may skip
 # reading it again (one statement per turn fewer on PostgreSQL: agents/stores/sql.py).
 SESSION_VERSION = "session_version"
-_SESSION_VERSION_SQL = "(SELECT updated_at FROM chatflow_sessions WHERE session_id = {queue}.session_id)"
+SESSION_VERSION_SQL = "(SELECT updated_at FROM chatflow_sessions WHERE session_id = {queue}.session_id)"
 
 
 def check_owner(owner: str) -> str:
@@ -167,7 +167,7 @@ def _returned(table: Any, columns: tuple[str, ...]) -> list[Any]:
 @functools.cache
 def _lease_rows_sql(queue: str, columns: tuple[str, ...], count: int) -> str:
     marks = ", ".join("?" * count)
-    returned = [_SESSION_VERSION_SQL.format(queue=queue) if c == SESSION_VERSION else c for c in columns]
+    returned = [SESSION_VERSION_SQL.format(queue=queue) if c == SESSION_VERSION else c for c in columns]
     return (
         f"UPDATE {queue} SET lease_owner = ?, lease_until = ? WHERE id IN ({marks}) AND status = 'pending' "
         f"RETURNING id, {', '.join(returned)}"

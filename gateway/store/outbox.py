@@ -120,16 +120,6 @@ async def insert_on_engine(
     )
 
 
-async def enqueue(db: Database, inbox_id: int | None, messages: Sequence[OutboundMessage]) -> None:
-    """Queue replies outside a turn's transaction (a model outage's holding reply)."""
-    now = utcnow()
-
-    async def on_engine(conn: AsyncConnection) -> None:
-        await insert_on_engine(conn, inbox_id, messages, now)
-
-    await db.write(insert_on_file(inbox_id, messages, now), on_engine)
-
-
 async def reply_texts(conn: AsyncConnection, inbox_id: int) -> list[str]:
     """The texts a turn queued for inbox row `inbox_id`, in order."""
     texts = await conn.execute(

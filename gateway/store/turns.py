@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import BigInteger, DateTime, Integer, String, Text, bindparam, text
@@ -24,20 +25,32 @@ from gateway.store.inbox import LeaseLostError
 from gateway.store.postgres_lanes import PostgresLanes, Statement
 from gateway.store.storable import json_text
 
-__all__ = ["LeaseLostError", "TurnCompletion", "commit"]
+__all__ = ["LeaseLostError", "TurnCompletion", "TurnReceipt", "commit"]
+
+
+@dataclass
+class TurnReceipt:
+    """What a commit did beyond its writes, for the worker that asked for it."""
+
+    handed_on: bool = False  # the conversation's next row may be leased to the worker (hand_on_until)
 
 
 @dataclass(frozen=True)
 class TurnCompletion:
     """Marks inbox row `inbox_id` done, if `lease_owner` still holds it, queues `outbound` and records
     what its model calls cost (`usage`, per model). `also_done`: the other rows of a coalesced run
-    (store/runs.py), answered by the same turn and marked done with it, each if still held."""
+    (store/runs.py), answered by the same turn and marked done with it, each if still held.
+    `hand_on_until` (PostgreSQL; None: let go): the conversation's next pending row, if one is due,
+    is leased to `lease_owner` until then by the same commit (migration 0015); `receipt.handed_on`
+    then says to take it with `inbox.take_handed_on` instead of claiming it."""
 
     inbox_id: int
     lease_owner: str
     outbound: list[OutboundMessage] = field(default_factory=list)
     usage: list[TurnUsage] = field(default_factory=list)
     also_done: tuple[int, ...] = ()
+    hand_on_until: datetime | None = None
+    receipt: TurnReceipt = field(default_factory=TurnReceipt)
 
 
 async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnCompletion | None = None) -> bool:
@@ -93,11 +106,17 @@ async def commit(db: Database, turn: sessions.TurnWrite, completion: TurnComplet
 # column, in their order. The run's rows are named with their conversation too: by their ids alone
 # PostgreSQL read the whole pending index (its statistics say few rows are pending), dead entries and
 # all while a snapshot was held open; with the conversation it reads that conversation's entries.
+# A row done with its lease kept hands the conversation on to its owner (migration 0015): asked for
+# only when this statement sees a next row waiting, so the worker looks for one only then.
 _DONE = (
     "held AS MATERIALIZED (SELECT id FROM chatflow_inbox WHERE session_id = :session_id AND id = ANY(:run) "
     "AND lease_owner = :owner AND status = 'pending' ORDER BY id FOR UPDATE), "
-    "done AS (UPDATE chatflow_inbox SET status = 'done', finished_at = :now, lease_owner = NULL, "
-    "lease_until = NULL WHERE id IN (SELECT id FROM held) AND (SELECT count(*) FROM held) = :run_size "
+    "waiting AS MATERIALIZED (SELECT EXISTS (SELECT FROM chatflow_inbox WHERE session_id = :session_id "
+    "AND status = 'pending' AND id > :last AND CAST(:kept_until AS TIMESTAMPTZ) IS NOT NULL) AS seen), "
+    "done AS (UPDATE chatflow_inbox SET status = 'done', finished_at = :now, "
+    "lease_owner = CASE WHEN (SELECT seen FROM waiting) THEN :owner END, "
+    "lease_until = CASE WHEN (SELECT seen FROM waiting) THEN :kept_until END "
+    "WHERE id IN (SELECT id FROM held) AND (SELECT count(*) FROM held) = :run_size "
     "AND EXISTS (SELECT FROM live) RETURNING 1)"
 )
 _SESSION_UPDATED = (
@@ -131,7 +150,7 @@ _REST = (
     "SELECT :inbox_id, :session_id, u.*, :day, :now "
     "FROM unnest(:u_models, :u_calls, :u_inputs, :u_outputs, :u_latencies, :u_tools) AS u "
     "WHERE EXISTS (SELECT FROM written)) "
-    "SELECT (SELECT count(*) FROM live), (SELECT count(*) FROM done)"
+    "SELECT (SELECT count(*) FROM live), (SELECT count(*) FROM done), (SELECT seen FROM waiting)"
 )
 _ARRAY_TYPES: dict[str, Any] = {
     "positions": ARRAY(Integer),
@@ -154,6 +173,8 @@ _ARRAY_TYPES: dict[str, Any] = {
 }
 _SCALAR_TYPES: dict[str, Any] = {
     "now": DateTime(timezone=True),
+    "kept_until": DateTime(timezone=True),
+    "last": BigInteger,
     "updated_at": DateTime(timezone=True),
     "created_at": DateTime(timezone=True),
     "inbox_id": BigInteger,
@@ -186,6 +207,8 @@ async def _commit_on_postgres(
         "owner": completion.lease_owner,
         "run": [completion.inbox_id, *completion.also_done],
         "run_size": 1 + len(completion.also_done),
+        "last": max((completion.inbox_id, *completion.also_done)),
+        "kept_until": completion.hand_on_until,
         "now": now,
         "agent": fields.active_agent_name,
         "title": fields.title,
@@ -215,7 +238,8 @@ async def _commit_on_postgres(
     else:
         statement, params["created_at"] = _TURN_SESSION_CREATED, turn.created_at
 
-    ((live, done),) = await lanes.fetch(statement, params)
+    ((live, done, handed_on),) = await lanes.fetch(statement, params)
+    completion.receipt.handed_on = bool(done and handed_on)
     if not live:
         return False
     if not done:

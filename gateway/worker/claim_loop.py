@@ -106,6 +106,8 @@ class ClaimLoop(Generic[Row]):
         self._hints: dict[str, None] = {}  # conversations worth a look, in the order they were named
         self._scan_at = 0.0  # the loop's time when a claim looks at every due head again
         self._hints_took_rows = False  # since the last scan
+        self._handed_on: set[asyncio.Task[None]] = set()  # tasks whose conversation went on in `adopt`
+        self.running = False  # while `run` runs: rows may be adopted
 
     def wake(self, sessions: Iterable[str] = ()) -> None:
         """New rows were stored in this process for `sessions`: look there now instead of at the next
@@ -121,6 +123,7 @@ class ClaimLoop(Generic[Row]):
         """Claim and process rows until cancelled; rows in flight are cancelled with it."""
         running = self._running
         heartbeat = asyncio.create_task(self._heartbeat(), name=f"{self.name}-heartbeat")
+        self.running = True
         try:
             while True:
                 busy = self.busy()
@@ -156,18 +159,31 @@ class ClaimLoop(Generic[Row]):
                 elif claimed:
                     self._hints_took_rows = True
                 for row in claimed:
-                    task = asyncio.create_task(self.process(row), name=self.name)
-                    running.add(task)
-                    self._in_flight[row.id] = task
-                    task.add_done_callback(running.discard)
-                    task.add_done_callback(functools.partial(self._finished, row.id, row.session_id))
+                    self._start(row)
                 if not claimed:
                     await self._idle()
         finally:
+            self.running = False
             heartbeat.cancel()
             for task in running:
                 task.cancel()
             await asyncio.gather(heartbeat, *running, return_exceptions=True)
+
+    def _start(self, row: Row) -> None:
+        task = asyncio.create_task(self.process(row), name=self.name)
+        self._running.add(task)
+        self._in_flight[row.id] = task
+        task.add_done_callback(self._running.discard)
+        task.add_done_callback(functools.partial(self._finished, row.id, row.session_id))
+
+    def adopt(self, row: Row) -> None:
+        """Run a row the store leased to this loop rather than one it claimed: the current task's
+        commit handed its conversation on (store/turns.py). It takes that task's slot, and no claim
+        looks at the conversation when that task ends: its next row is this one."""
+        task = asyncio.current_task()
+        if task is not None and task in self._running:
+            self._handed_on.add(task)
+        self._start(row)
 
     async def _release(self, rows: list[Row]) -> None:
         if not rows:
@@ -200,7 +216,10 @@ class ClaimLoop(Generic[Row]):
             self._hints.clear()  # the scan took every due head there was
 
     def _finished(self, row_id: int, session_id: str, task: asyncio.Task[None]) -> None:
-        self._hints[session_id] = None  # its conversation's next row may be waiting
+        if task in self._handed_on:
+            self._handed_on.discard(task)
+        else:
+            self._hints[session_id] = None  # its conversation's next row may be waiting
         self._in_flight.pop(row_id, None)
         for attached in self._attached.pop(task, ()):
             self._in_flight.pop(attached, None)

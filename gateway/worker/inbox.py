@@ -19,9 +19,10 @@ dead at once; anything else is retried with backoff up to `max_attempts` times.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -38,7 +39,7 @@ from gateway.platforms.spec import PlatformSpec, message_target
 from gateway.store import inbox, outages, runs
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage, LeaseLostError
-from gateway.store.turns import TurnCompletion
+from gateway.store.turns import TurnCompletion, TurnReceipt
 from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
 from gateway.worker.coalesce import Coalescer
 from gateway.worker.patience import Outage, Patience
@@ -156,6 +157,7 @@ class InboxWorker:
         }
 
         usages: list[TurnUsage] = []
+        receipt = TurnReceipt()
 
         def commit_with(new_messages: list[Message]) -> TurnCompletion:
             nonlocal usages
@@ -163,7 +165,10 @@ class InboxWorker:
             usages = turn_usage(new_messages)
             replies = _replies(run, reply, self.reply_targets)
             done = tuple(earlier.id for earlier in run[:-1])
-            return TurnCompletion(row.id, self.owner, replies, usages, also_done=done)
+            until = self._hand_on_until()
+            return TurnCompletion(
+                row.id, self.owner, replies, usages, also_done=done, hand_on_until=until, receipt=receipt
+            )
 
         texts = [earlier.text or "" for earlier in run]
         self.before_turn(row.platform, _reply_target(row, self.reply_targets))
@@ -195,7 +200,36 @@ class InboxWorker:
                 log.info("turn_committed")
             self.model_stats.record(usages)
             self.on_committed(row.session_id)
+            if receipt.handed_on:
+                await self._take_handed_on(row)
         return False
+
+    def _hand_on_until(self) -> datetime | None:
+        """Until when the conversation's next row is leased to this worker by the turn's commit, or
+        None to let it go: on PostgreSQL, while the loop runs and acks are not waiting (the flood rule
+        starts new rows sparingly then). Under load a conversation's next message is usually there;
+        taking it this way writes one version of its queue head instead of two (migration 0015)."""
+        if self.database.postgres is None or not self.loop.running or self.loop.busy():
+            return None
+        return utcnow() + self.lease
+
+    async def _take_handed_on(self, row: ClaimedMessage) -> None:
+        """Start the row the commit handed on, if it did; shutting down meanwhile, hand it back."""
+        taking = asyncio.ensure_future(
+            inbox.take_handed_on(self.database, row.session_id, row.id, self.owner)
+        )
+        try:
+            handed = await asyncio.shield(taking)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                if (handed := await taking) is not None:
+                    await self._release([handed])
+            raise
+        except Exception as exc:  # its lease expires and a claim takes it then
+            log.warning("handed_on_row_not_taken", error=type(exc).__name__)
+            return
+        if handed is not None:
+            self.loop.adopt(handed)
 
     async def _wait_out(self, run: list[ClaimedMessage], exc: ModelError) -> bool:
         """A transient model failure: send the holding reply if due, wait, and say to try again; or,
