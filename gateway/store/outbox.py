@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import BigInteger, bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import StatusUpdate
@@ -25,6 +25,7 @@ from gateway.domain.messages import utcnow
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.store import chats, leases
 from gateway.store.database import Database
+from gateway.store.postgres_lanes import Statement
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
 from gateway.store.tables import OutboxRow, of_status_index
 
@@ -215,12 +216,46 @@ async def claim(
             return rows, await chats.unreachable_on_engine(conn, _chats_of(rows))
 
         rows, unreachable = await db.write_alone(on_file, on_engine)  # see leases.claim_on_engine
+    return _claimed(rows, unreachable, targets)
+
+
+# PostgreSQL: the reply a sent one handed on to its delivery worker (sent_replies.Recorded.HANDED_ON),
+# through the pending index from the sent row on (`status = 'pending'` spelled out for it), with
+# whether its chat is unreachable (chats.py) in the same statement.
+_HANDED_ON = Statement(
+    text(
+        f"SELECT id, {', '.join(_CLAIMED)}, EXISTS (SELECT FROM chatflow_chats AS c "
+        "WHERE c.platform = o.platform AND c.chat_id = o.target_json ->> 'chat_id' AND NOT c.reachable) "
+        "FROM chatflow_outbox AS o WHERE session_id = :session_id "
+        "AND id > :after AND status = 'pending' AND lease_owner = :owner ORDER BY id LIMIT 1"
+    ).bindparams(bindparam("after", type_=BigInteger))
+)
+
+
+async def take_handed_on(
+    db: Database, session_id: str, after: int, owner: str, targets: Mapping[str, type[ReplyTarget]]
+) -> ClaimedReply | None:
+    """The reply of `session_id` after row `after` that recording that row as sent leased to `owner`,
+    if it did (on PostgreSQL; elsewhere nothing is handed on)."""
+    if db.postgres is None:
+        return None
+    params = {"session_id": session_id, "after": after, "owner": owner}
+    found = await db.postgres.fetch(_HANDED_ON, params)
+    if not found:
+        return None
+    *row, unreachable = found[0]
+    return _claimed([tuple(row)], set(_chats_of([tuple(row)])) if unreachable else set(), targets)[0]
+
+
+def _claimed(
+    rows: list[leases.Row], unreachable: set[chats.Chat], targets: Mapping[str, type[ReplyTarget]]
+) -> list[ClaimedReply]:
     claimed = []
-    for row_id, platform, session_id, kind, text, target_json, attempts, retry_until in rows:
+    for row_id, platform, session_id, kind, body, target_json, attempts, retry_until in rows:
         target_type = targets.get(platform, ReplyTarget)
         target = target_type.from_json(target_json if isinstance(target_json, dict) else {})
         known = kind in _KINDS
-        message = OutboundMessage(platform, session_id, OutboundKind(kind), target, text) if known else None
+        message = OutboundMessage(platform, session_id, OutboundKind(kind), target, body) if known else None
         reachable = (platform, target.chat_id) not in unreachable
         if isinstance(retry_until, str):  # the SQLite file's spelling
             retry_until = from_sqlite_datetime(retry_until)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from enum import IntEnum
 
 from sqlalchemy import BigInteger, DateTime, String, bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -29,7 +31,7 @@ from gateway.store.postgres_lanes import Statement
 from gateway.store.sqlite_thread import to_sqlite_datetime
 from gateway.store.tables import OutboxRow
 
-__all__ = ["SentReplies"]
+__all__ = ["Recorded", "SentReplies"]
 
 _COLUMNS = ("status", "platform_message_id", "lease_owner", "lease_until", "updated_at")
 _ON_FILE = (
@@ -40,24 +42,37 @@ _ON_POSTGRES = Statement(
     # By primary key only: with `status = 'pending'` in a scan's condition PostgreSQL read the whole
     # pending index (its statistics say few rows are pending; during a burst it holds thousands of
     # dead entries): 2.8 ms a call. The rows are locked first, then checked: ours and still pending.
+    # A reply's next one waiting (`status = 'pending'` spelled out for the pending index) keeps the
+    # lease when the recorder asked for a hand-on (migration 0016).
     text(
-        "WITH v AS (SELECT * FROM unnest(:ids, :owners, :statuses, :message_ids) AS v(id, owner, status, "
-        "message_id)), "
-        "locked AS MATERIALIZED (SELECT o.id, o.lease_owner, o.status FROM chatflow_outbox AS o "
-        "WHERE o.id = ANY(:ids) ORDER BY o.id FOR UPDATE), "
-        "mine AS (SELECT v.* FROM v JOIN locked AS l ON l.id = v.id AND l.lease_owner = v.owner "
-        "AND l.status = 'pending') "
+        "WITH v AS (SELECT * FROM unnest(:ids, :owners, :statuses, :message_ids, :untils) AS v(id, owner, "
+        "status, message_id, until)), "
+        "locked AS MATERIALIZED (SELECT o.id, o.session_id, o.lease_owner, o.status "
+        "FROM chatflow_outbox AS o WHERE o.id = ANY(:ids) ORDER BY o.id FOR UPDATE), "
+        "mine AS (SELECT v.*, v.until IS NOT NULL AND EXISTS (SELECT FROM chatflow_outbox AS p "
+        "WHERE p.session_id = l.session_id AND p.status = 'pending' AND p.id > l.id) AS hand_on "
+        "FROM v JOIN locked AS l ON l.id = v.id AND l.lease_owner = v.owner AND l.status = 'pending') "
         "UPDATE chatflow_outbox AS o SET status = mine.status, platform_message_id = mine.message_id, "
-        "lease_owner = NULL, lease_until = NULL, updated_at = :now FROM mine WHERE o.id = mine.id "
-        "RETURNING o.id"
+        "lease_owner = CASE WHEN mine.hand_on THEN mine.owner END, "
+        "lease_until = CASE WHEN mine.hand_on THEN mine.until END, updated_at = :now "
+        "FROM mine WHERE o.id = mine.id RETURNING o.id, mine.hand_on"
     ).bindparams(
         bindparam("ids", type_=ARRAY(BigInteger)),
         bindparam("owners", type_=ARRAY(String)),
         bindparam("statuses", type_=ARRAY(String)),
         bindparam("message_ids", type_=ARRAY(String)),
+        bindparam("untils", type_=ARRAY(DateTime(timezone=True))),
         bindparam("now", type_=DateTime(timezone=True)),
     )
 )
+
+
+class Recorded(IntEnum):
+    """A reply's record: false when the row was not `owner`'s any more (nothing written)."""
+
+    NOT_OURS = 0
+    WRITTEN = 1
+    HANDED_ON = 2  # and the conversation's next reply may be leased to `owner` (take_handed_on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +81,7 @@ class _Sent:
     owner: str
     status: str  # sent, or dry_run (no token: the gateway only logged it)
     platform_message_id: str | None
+    hand_on_until: datetime | None
 
 
 class SentReplies:
@@ -75,10 +91,21 @@ class SentReplies:
         self._db = db
         self._batcher: GroupCommit[_Sent] = db.batcher(self._on_file, self._on_engine)
 
-    async def record(self, row_id: int, owner: str, status: str, platform_message_id: str | None) -> bool:
+    async def record(
+        self,
+        row_id: int,
+        owner: str,
+        status: str,
+        platform_message_id: str | None,
+        hand_on_until: datetime | None = None,
+    ) -> Recorded:
         """Mark the row `status` with the platform's message id and end its lease, if `owner` still
-        holds it; False (nothing written) when another process took it over."""
-        recorded: bool = await self._batcher.submit(_Sent(row_id, owner, status, platform_message_id))
+        holds it (NOT_OURS: another process took it over). `hand_on_until` (PostgreSQL): when the
+        statement sees the conversation's next reply waiting, the lease is kept and extended to then
+        instead, and the settle hands that reply on to `owner` (migration 0016): HANDED_ON."""
+        recorded: Recorded = await self._batcher.submit(
+            _Sent(row_id, owner, status, platform_message_id, hand_on_until)
+        )
         return recorded
 
     def _on_file(self, items: list[_Sent]) -> Callable[[sqlite3.Connection], list[Outcome]]:
@@ -88,7 +115,9 @@ class SentReplies:
         def work(conn: sqlite3.Connection) -> list[Outcome]:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                outcomes: list[Outcome] = [(True, conn.execute(_ON_FILE, row).rowcount == 1) for row in rows]
+                outcomes: list[Outcome] = [
+                    (True, Recorded(conn.execute(_ON_FILE, row).rowcount == 1)) for row in rows
+                ]
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -105,16 +134,20 @@ class SentReplies:
                 "owners": [i.owner for i in items],
                 "statuses": [i.status for i in items],
                 "message_ids": [i.platform_message_id for i in items],
+                "untils": [i.hand_on_until for i in items],
                 "now": now,
             }
-            written = {row_id for (row_id,) in await self._db.postgres.fetch(_ON_POSTGRES, params)}
-            return [(True, i.row_id in written) for i in items]
+            rows = await self._db.postgres.fetch(_ON_POSTGRES, params)
+            written = {
+                row_id: Recorded.HANDED_ON if hand_on else Recorded.WRITTEN for row_id, hand_on in rows
+            }
+            return [(True, written.get(i.row_id, Recorded.NOT_OURS)) for i in items]
 
         async def one_by_one(conn: AsyncConnection) -> list[Outcome]:  # in-memory SQLite
             settled: dict[int, bool] = {}
             for i in sorted(items, key=lambda i: i.row_id):  # the renewals' lock order
                 values = dict(zip(_COLUMNS, (i.status, i.platform_message_id, None, None, now), strict=True))
                 settled[i.row_id] = await leases.settle_on_engine(conn, OutboxRow, i.row_id, i.owner, values)
-            return [(True, settled[i.row_id]) for i in items]
+            return [(True, Recorded(settled[i.row_id])) for i in items]
 
         return await self._db.write(engine_only, one_by_one)

@@ -36,7 +36,7 @@ from gateway.platforms.spec import PlatformSpec
 from gateway.store import outbox
 from gateway.store.database import Database
 from gateway.store.outbox import ClaimedReply
-from gateway.store.sent_replies import SentReplies
+from gateway.store.sent_replies import Recorded, SentReplies
 from gateway.worker.claim_loop import DEFAULT_LEASE_SECONDS, ClaimLoop, owner_id
 from gateway.worker.pacing import Pacer, PacingLimits
 
@@ -204,9 +204,16 @@ class OutboxDelivery:
         while True:
             try:
                 if values.get("status") in ("sent", "dry_run"):
-                    return await self._sent.record(
-                        row.id, self.owner, values["status"], values.get("platform_message_id")
+                    recorded = await self._sent.record(
+                        row.id,
+                        self.owner,
+                        values["status"],
+                        values.get("platform_message_id"),
+                        self._hand_on_until(),
                     )
+                    if recorded is Recorded.HANDED_ON:
+                        await self._take_handed_on(row)
+                    return bool(recorded)
                 return await outbox.finish(self.database, row.id, self.owner, **values)
             except Exception as exc:
                 if loop.time() + delay > deadline:
@@ -214,6 +221,31 @@ class OutboxDelivery:
                     return False
             await asyncio.sleep(delay)  # backoff while the database is away
             delay = min(delay * 2, 5.0)
+
+    def _hand_on_until(self) -> datetime | None:
+        """Until when the conversation's next reply is leased to this delivery by the record of a
+        sent one, or None to let it go: on PostgreSQL while the loop runs. A conversation whose
+        answers came faster than its replies went out then writes one version of its outbox head per
+        reply instead of two, and no claim walks them (migration 0016)."""
+        if self.database.postgres is None or not self.loop.running:
+            return None
+        return utcnow() + self.lease
+
+    async def _take_handed_on(self, row: ClaimedReply) -> None:
+        """Send the reply recording `row` handed on, if there is one; stopping meanwhile, hand it back."""
+        try:
+            handed = await outbox.take_handed_on(
+                self.database, row.session_id, row.id, self.owner, self.target_types
+            )
+        except Exception as exc:  # its lease expires and a claim takes it then
+            log.warning("handed_on_reply_not_taken", error=type(exc).__name__)
+            return
+        if handed is None:
+            return
+        if self.loop.running:
+            self.loop.adopt(handed)
+        else:
+            await self._release(handed)
 
     async def _release(self, row: ClaimedReply) -> None:
         try:

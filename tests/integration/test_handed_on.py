@@ -1,4 +1,5 @@
-"""A turn's commit hands its conversation on to its own worker (PostgreSQL, migration 0015).
+"""A turn's commit hands its conversation on to its own worker (PostgreSQL, migration 0015), and a
+sent reply the conversation's next reply to its delivery worker (0016).
 
 Under load a conversation's next message is usually waiting when its turn ends; the commit leases it
 to the same worker, with the head, instead of letting the head go for a claim to lease again: one
@@ -13,17 +14,24 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import insert, select, text, update
 
 from gateway.agents import Agent, Role, Runner, SQLSessionStore
-from gateway.store import inbox
+from gateway.domain.outbound import ReplyTarget
+from gateway.store import inbox, outbox
 from gateway.store.database import Database
 from gateway.store.inbox import ClaimedMessage
-from gateway.store.tables import InboxRow
+from gateway.store.outbox import ClaimedReply
+from gateway.store.sent_replies import Recorded, SentReplies
+from gateway.store.tables import ChatRow, InboxRow, OutboxRow
 from gateway.worker.inbox import InboxWorker
+from gateway.worker.outbound import OutboxDelivery
 from tests.integration.test_claim_hints import Echo, inbox_row, store
+from tests.integration.test_delivery import RecordingSender
+from tests.integration.test_leases import statuses
 
 LEASE = timedelta(seconds=30)
+TARGETS = {"telegram": ReplyTarget}
 HEAD = (
     "SELECT next_id, lease_owner, xmin::text FROM chatflow_queue_heads "
     "WHERE queue = 'chatflow_inbox' AND session_id = :s"
@@ -185,3 +193,105 @@ async def test_shutting_down_hands_the_conversation_back(db: Database) -> None:
     assert leased == []
     claimed = await inbox.claim(db, "x", LEASE, 10)
     assert [row.text for row in claimed] == ["a/1"]
+
+
+# --- the outbox (migration 0016): a sent reply hands the conversation's next one on ----------------
+async def _replies(db: Database, texts: Sequence[str], chat: str = "a") -> None:
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    async with db.begin() as conn:
+        await conn.execute(
+            insert(OutboxRow),
+            [
+                {
+                    "platform": "telegram",
+                    "session_id": f"telegram:{chat}",
+                    "kind": "text",
+                    "text": body,
+                    "target_json": {"chat_id": chat},
+                    "status": "pending",
+                    "attempts": 0,
+                    "next_attempt_at": now,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                for body in texts
+            ],
+        )
+
+
+async def test_a_sent_reply_hands_the_next_one_on_when_asked(db: Database) -> None:
+    await _replies(db, ["one", "two"])
+    (first,) = await outbox.claim(db, "d", LEASE, 10, TARGETS)
+    until = datetime.now(UTC) + 2 * LEASE
+    assert await SentReplies(db).record(first.id, "d", "sent", "m1", until) is Recorded.HANDED_ON
+    handed = await outbox.take_handed_on(db, "telegram:a", first.id, "d", TARGETS)
+    assert handed is not None
+    assert handed.message is not None
+    assert handed.message.text == "two"
+    assert handed.reachable
+    assert await outbox.claim(db, "e", LEASE, 10, TARGETS) == []  # held by d
+    # The last one has nothing behind it: written, and the head let go.
+    assert await SentReplies(db).record(handed.id, "d", "sent", "m2", until) is Recorded.WRITTEN
+    async with db.connect() as conn:
+        head = (
+            await conn.execute(
+                text(
+                    "SELECT next_id, lease_owner FROM chatflow_queue_heads "
+                    "WHERE queue = 'chatflow_outbox' AND session_id = 'telegram:a'"
+                )
+            )
+        ).one()
+    assert tuple(head) == (None, None)
+
+
+async def test_a_sent_reply_lets_go_unless_asked(db: Database) -> None:
+    await _replies(db, ["one", "two"])
+    (first,) = await outbox.claim(db, "d", LEASE, 10, TARGETS)
+    assert await SentReplies(db).record(first.id, "d", "sent", "m1") is Recorded.WRITTEN
+    assert await outbox.take_handed_on(db, "telegram:a", first.id, "d", TARGETS) is None
+    (second,) = await outbox.claim(db, "e", LEASE, 10, TARGETS)
+    assert second.message is not None
+    assert second.message.text == "two"
+
+
+async def test_delivery_sends_a_conversations_queue_with_one_claim(db: Database) -> None:
+    texts = [f"reply {n}" for n in range(5)]
+    await _replies(db, texts)
+    sender = RecordingSender(expected=5)
+    delivery = OutboxDelivery(db, {"telegram": sender})
+    claimed: list[int] = []
+    claim = delivery.claim
+
+    async def counting(limit: int, sessions: Sequence[str] | None = None) -> list[ClaimedReply]:
+        rows = await claim(limit, sessions)
+        claimed.extend(row.id for row in rows)
+        return rows
+
+    delivery.claim = counting  # type: ignore[method-assign]
+    running = asyncio.create_task(delivery.run())
+    try:
+        async with asyncio.timeout(20):
+            await sender.all_sent.wait()
+    finally:
+        running.cancel()  # the accepted sends are recorded before it returns
+        await asyncio.gather(running, return_exceptions=True)
+    assert await statuses(db, OutboxRow) == ["sent"] * 5
+    assert sender.sent == {"a": texts}
+    assert len(claimed) == 1  # the other four were handed on
+    async with db.connect() as conn:
+        ids = [m for (m,) in await conn.execute(select(OutboxRow.platform_message_id).order_by(OutboxRow.id))]
+    assert ids == [f"a:{n}" for n in range(1, 6)]  # sent in order
+
+
+async def test_a_reply_handed_on_to_a_chat_that_removed_the_bot_says_so(db: Database) -> None:
+    await _replies(db, ["one", "two"])
+    (first,) = await outbox.claim(db, "d", LEASE, 10, TARGETS)
+    async with db.begin() as conn:  # the bot was removed meanwhile (a membership webhook)
+        await conn.execute(
+            insert(ChatRow).values(platform="telegram", chat_id="a", reachable=False, membership="kicked")
+        )
+    until = datetime.now(UTC) + 2 * LEASE
+    assert await SentReplies(db).record(first.id, "d", "sent", "m1", until) is Recorded.HANDED_ON
+    handed = await outbox.take_handed_on(db, "telegram:a", first.id, "d", TARGETS)
+    assert handed is not None
+    assert not handed.reachable  # delivery marks it failed instead of sending it

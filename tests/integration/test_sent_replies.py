@@ -9,7 +9,7 @@ from sqlalchemy import insert, select
 
 from gateway.store import migrations
 from gateway.store.database import Database
-from gateway.store.sent_replies import SentReplies
+from gateway.store.sent_replies import Recorded, SentReplies
 from gateway.store.tables import OutboxRow
 
 
@@ -67,4 +67,4 @@ async def test_replies_recorded_together_each_written_only_while_its_owner_holds
             assert tuple(row) == (("sent", f"m{n}", None) if n % 2 else ("dry_run", None, None))
         else:
             assert tuple(row) == ("pending", None, "other")
-    assert await recorder.record(ids[0], "me", "sent", "again") is False  # settled rows stay as they are
+    assert await recorder.record(ids[0], "me", "sent", "again") is Recorded.NOT_OURS  # settled rows stay
