@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, bindparam, select, text, update
+from sqlalchemy import BigInteger, DateTime, bindparam, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import InboundMessage, agent_text
@@ -121,24 +121,29 @@ async def claim(
 
 
 # PostgreSQL: the row a turn's commit handed on to its worker (turns.TurnCompletion.hand_on_until),
-# found through the pending index from the finished row on: the conversation's earlier rows, whose
+# known by its lease's end, which the settle copied from the finished row: a row the worker's own
+# claim leased meanwhile (its lease ends at another instant) is running already. Found through the
+# pending index from the finished row on: the conversation's earlier rows, whose
 # entries a held snapshot keeps, are not read. `status = 'pending'` is spelled out for that index.
 _HANDED_ON = Statement(
     text(
         "SELECT id, platform, session_id, text, message_json, attempts, "
         f"{leases.SESSION_VERSION_SQL.format(queue='chatflow_inbox')} FROM chatflow_inbox "
         "WHERE session_id = :session_id AND id > :after AND status = 'pending' AND lease_owner = :owner "
-        "ORDER BY id LIMIT 1"
-    ).bindparams(bindparam("after", type_=BigInteger))
+        "AND lease_until = :until ORDER BY id LIMIT 1"
+    ).bindparams(bindparam("after", type_=BigInteger), bindparam("until", type_=DateTime(timezone=True)))
 )
 
 
-async def take_handed_on(db: Database, session_id: str, after: int, owner: str) -> ClaimedMessage | None:
-    """The row of `session_id` after row `after` that a turn's commit leased to `owner`, if it did (on
-    PostgreSQL; elsewhere nothing is handed on)."""
+async def take_handed_on(
+    db: Database, session_id: str, after: int, owner: str, until: datetime
+) -> ClaimedMessage | None:
+    """The row of `session_id` after row `after` that a turn's commit leased to `owner` until `until`,
+    if it did (on PostgreSQL; elsewhere nothing is handed on)."""
     if db.postgres is None:
         return None
-    rows = await db.postgres.fetch(_HANDED_ON, {"session_id": session_id, "after": after, "owner": owner})
+    params = {"session_id": session_id, "after": after, "owner": owner, "until": until}
+    rows = await db.postgres.fetch(_HANDED_ON, params)
     return next(iter(_claimed([tuple(row) for row in rows])), None)
 
 

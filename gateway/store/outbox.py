@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import BigInteger, bindparam, func, insert, select, text, update
+from sqlalchemy import BigInteger, DateTime, bindparam, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.domain.inbound import StatusUpdate
@@ -220,26 +220,33 @@ async def claim(
 
 
 # PostgreSQL: the reply a sent one handed on to its delivery worker (sent_replies.Recorded.HANDED_ON),
-# through the pending index from the sent row on (`status = 'pending'` spelled out for it), with
-# whether its chat is unreachable (chats.py) in the same statement.
+# known by its lease's end as in inbox.take_handed_on, through the pending index from the sent row on
+# (`status = 'pending'` spelled out for it), with whether its chat is unreachable (chats.py) in the
+# same statement.
 _HANDED_ON = Statement(
     text(
         f"SELECT id, {', '.join(_CLAIMED)}, EXISTS (SELECT FROM chatflow_chats AS c "
         "WHERE c.platform = o.platform AND c.chat_id = o.target_json ->> 'chat_id' AND NOT c.reachable) "
         "FROM chatflow_outbox AS o WHERE session_id = :session_id "
-        "AND id > :after AND status = 'pending' AND lease_owner = :owner ORDER BY id LIMIT 1"
-    ).bindparams(bindparam("after", type_=BigInteger))
+        "AND id > :after AND status = 'pending' AND lease_owner = :owner AND lease_until = :until "
+        "ORDER BY id LIMIT 1"
+    ).bindparams(bindparam("after", type_=BigInteger), bindparam("until", type_=DateTime(timezone=True)))
 )
 
 
 async def take_handed_on(
-    db: Database, session_id: str, after: int, owner: str, targets: Mapping[str, type[ReplyTarget]]
+    db: Database,
+    session_id: str,
+    after: int,
+    owner: str,
+    until: datetime,
+    targets: Mapping[str, type[ReplyTarget]],
 ) -> ClaimedReply | None:
-    """The reply of `session_id` after row `after` that recording that row as sent leased to `owner`,
-    if it did (on PostgreSQL; elsewhere nothing is handed on)."""
+    """The reply of `session_id` after row `after` that recording that row as sent leased to `owner`
+    until `until`, if it did (on PostgreSQL; elsewhere nothing is handed on)."""
     if db.postgres is None:
         return None
-    params = {"session_id": session_id, "after": after, "owner": owner}
+    params = {"session_id": session_id, "after": after, "owner": owner, "until": until}
     found = await db.postgres.fetch(_HANDED_ON, params)
     if not found:
         return None

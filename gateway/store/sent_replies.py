@@ -101,7 +101,7 @@ class SentReplies:
     ) -> Recorded:
         """Mark the row `status` with the platform's message id and end its lease, if `owner` still
         holds it (NOT_OURS: another process took it over). `hand_on_until` (PostgreSQL): when the
-        statement sees the conversation's next reply waiting, the lease is kept and extended to then
+        statement sees the conversation's next reply waiting, the lease is kept and ends then
         instead, and the settle hands that reply on to `owner` (migration 0016): HANDED_ON."""
         recorded: Recorded = await self._batcher.submit(
             _Sent(row_id, owner, status, platform_message_id, hand_on_until)

@@ -32,7 +32,9 @@ __all__ = ["LeaseLostError", "TurnCompletion", "TurnReceipt", "commit"]
 class TurnReceipt:
     """What a commit did beyond its writes, for the worker that asked for it."""
 
-    handed_on: bool = False  # the conversation's next row may be leased to the worker (hand_on_until)
+    # Set when the conversation's next row may be leased to the worker: that lease's end, which
+    # inbox.take_handed_on knows it by (hand_on_until).
+    handed_on_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class TurnCompletion:
     what its model calls cost (`usage`, per model). `also_done`: the other rows of a coalesced run
     (store/runs.py), answered by the same turn and marked done with it, each if still held.
     `hand_on_until` (PostgreSQL; None: let go): the conversation's next pending row, if one is due,
-    is leased to `lease_owner` until then by the same commit (migration 0015); `receipt.handed_on`
+    is leased to `lease_owner` until then by the same commit (migration 0015); `receipt.handed_on_until`
     then says to take it with `inbox.take_handed_on` instead of claiming it."""
 
     inbox_id: int
@@ -239,7 +241,8 @@ async def _commit_on_postgres(
         statement, params["created_at"] = _TURN_SESSION_CREATED, turn.created_at
 
     ((live, done, handed_on),) = await lanes.fetch(statement, params)
-    completion.receipt.handed_on = bool(done and handed_on)
+    if done and handed_on:
+        completion.receipt.handed_on_until = completion.hand_on_until
     if not live:
         return False
     if not done:

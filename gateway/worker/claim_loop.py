@@ -170,6 +170,9 @@ class ClaimLoop(Generic[Row]):
             await asyncio.gather(heartbeat, *running, return_exceptions=True)
 
     def _start(self, row: Row) -> None:
+        if row.id in self._in_flight:  # one process must never run a row twice (a reply sent twice)
+            log.error(f"{self.name}_row_already_running", row_id=row.id)
+            return
         task = asyncio.create_task(self.process(row), name=self.name)
         self._running.add(task)
         self._in_flight[row.id] = task

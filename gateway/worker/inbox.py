@@ -200,8 +200,8 @@ class InboxWorker:
                 log.info("turn_committed")
             self.model_stats.record(usages)
             self.on_committed(row.session_id)
-            if receipt.handed_on:
-                await self._take_handed_on(row)
+            if receipt.handed_on_until is not None:
+                await self._take_handed_on(row, receipt.handed_on_until)
         return False
 
     def _hand_on_until(self) -> datetime | None:
@@ -213,10 +213,10 @@ class InboxWorker:
             return None
         return utcnow() + self.lease
 
-    async def _take_handed_on(self, row: ClaimedMessage) -> None:
+    async def _take_handed_on(self, row: ClaimedMessage, until: datetime) -> None:
         """Start the row the commit handed on, if it did; shutting down meanwhile, hand it back."""
         taking = asyncio.ensure_future(
-            inbox.take_handed_on(self.database, row.session_id, row.id, self.owner)
+            inbox.take_handed_on(self.database, row.session_id, row.id, self.owner, until)
         )
         try:
             handed = await asyncio.shield(taking)

@@ -204,15 +204,12 @@ class OutboxDelivery:
         while True:
             try:
                 if values.get("status") in ("sent", "dry_run"):
+                    until = self._hand_on_until()
                     recorded = await self._sent.record(
-                        row.id,
-                        self.owner,
-                        values["status"],
-                        values.get("platform_message_id"),
-                        self._hand_on_until(),
+                        row.id, self.owner, values["status"], values.get("platform_message_id"), until
                     )
-                    if recorded is Recorded.HANDED_ON:
-                        await self._take_handed_on(row)
+                    if recorded is Recorded.HANDED_ON and until is not None:
+                        await self._take_handed_on(row, until)
                     return bool(recorded)
                 return await outbox.finish(self.database, row.id, self.owner, **values)
             except Exception as exc:
@@ -231,11 +228,11 @@ class OutboxDelivery:
             return None
         return utcnow() + self.lease
 
-    async def _take_handed_on(self, row: ClaimedReply) -> None:
+    async def _take_handed_on(self, row: ClaimedReply, until: datetime) -> None:
         """Send the reply recording `row` handed on, if there is one; stopping meanwhile, hand it back."""
         try:
             handed = await outbox.take_handed_on(
-                self.database, row.session_id, row.id, self.owner, self.target_types
+                self.database, row.session_id, row.id, self.owner, until, self.target_types
             )
         except Exception as exc:  # its lease expires and a claim takes it then
             log.warning("handed_on_reply_not_taken", error=type(exc).__name__)

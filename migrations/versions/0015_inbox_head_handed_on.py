@@ -6,11 +6,12 @@ Why: every version of a queue head a held snapshot keeps (a long report, `pg_dum
 replication slot) is one more that every later look-up of that head walks, and under load a
 conversation's next message is usually waiting when its turn ends. Letting go (one head version)
 and claiming again (another, and a claim statement walking them all) became one version. The
-worker asks for it by keeping its lease on the row it marks done and extending it in the same
-UPDATE (`lease_owner` kept, `lease_until` later: store/turns.py); the settle then leases the next
-pending row, if one is due, to that owner until that time, and the head with it. Any other settle
-(a failure, a hand-back, an operator's UPDATE that leaves the lease as it was or clears it) lets
-the head go as 0014 did. The SQLite file keeps 0011's
+worker asks for it by keeping its lease owner on the row it marks done and giving it a new end in
+the same UPDATE (`lease_owner` kept, `lease_until` changed: store/turns.py); the settle then leases
+the next pending row, if one is due, to that owner until that time, and the head with it. The new
+end may come before the old one (the heartbeat can renew the lease after the worker chose it), so
+"changed", not "later". Any other settle (a failure, a hand-back, an operator's UPDATE that leaves
+the lease as it was or clears it) lets the head go as 0014 did. The SQLite file keeps 0011's
 triggers: its claims never meet old versions.
 
 Revision ID: 0015
@@ -43,8 +44,9 @@ BEGIN
     WHERE p.session_id = NEW.session_id AND p.status = 'pending' AND p.id >= COALESCE(head_next, 0)
     ORDER BY p.id LIMIT 1;
   IF NEW.status <> 'pending' AND NEW.lease_owner IS NOT NULL AND NEW.lease_owner = OLD.lease_owner
-     AND NEW.lease_until > OLD.lease_until AND head_owner = OLD.lease_owner AND row_next IS NOT NULL
-     AND row_due <= now() AND (row_owner IS NULL OR row_owner = NEW.lease_owner) THEN
+     AND NEW.lease_until IS DISTINCT FROM OLD.lease_until AND head_owner = OLD.lease_owner
+     AND row_next IS NOT NULL AND row_due <= now() AND (row_owner IS NULL OR row_owner = NEW.lease_owner)
+  THEN
     IF row_owner IS NULL THEN
       UPDATE chatflow_inbox SET lease_owner = NEW.lease_owner, lease_until = NEW.lease_until
         WHERE id = row_next;

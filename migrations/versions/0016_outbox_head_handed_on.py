@@ -5,7 +5,8 @@ Why: replies wait in the outbox when a conversation's answers come faster than i
 (several messages answered in a row), and each let the outbox head go and be claimed again: two head
 versions per reply, and a claim walking all of them while a snapshot is held open. Now the delivery
 worker asks for the next one when it records a sent reply (store/sent_replies.py), by keeping the
-row's lease and extending it in the same UPDATE, and takes it with one read (outbox.take_handed_on).
+row's lease owner and giving the lease a new end in the same UPDATE (a new end, not a later one: see
+0015), and takes it with one read (outbox.take_handed_on).
 The trigger is 0015's, for the outbox; the SQLite file keeps 0011's.
 
 Revision ID: 0016
@@ -37,8 +38,9 @@ BEGIN
     WHERE p.session_id = NEW.session_id AND p.status = 'pending' AND p.id >= COALESCE(head_next, 0)
     ORDER BY p.id LIMIT 1;
   IF NEW.status <> 'pending' AND NEW.lease_owner IS NOT NULL AND NEW.lease_owner = OLD.lease_owner
-     AND NEW.lease_until > OLD.lease_until AND head_owner = OLD.lease_owner AND row_next IS NOT NULL
-     AND row_due <= now() AND (row_owner IS NULL OR row_owner = NEW.lease_owner) THEN
+     AND NEW.lease_until IS DISTINCT FROM OLD.lease_until AND head_owner = OLD.lease_owner
+     AND row_next IS NOT NULL AND row_due <= now() AND (row_owner IS NULL OR row_owner = NEW.lease_owner)
+  THEN
     IF row_owner IS NULL THEN
       UPDATE {table} SET lease_owner = NEW.lease_owner, lease_until = NEW.lease_until
         WHERE id = row_next;

@@ -66,13 +66,43 @@ async def test_a_done_row_with_its_lease_extended_leases_the_next_one_to_its_own
     (first,) = await inbox.claim(db, "w", LEASE, 10)
     until = datetime.now(UTC) + LEASE + timedelta(seconds=5)
     await _done(db, first.id, lease_owner="w", lease_until=until)
-    handed = await inbox.take_handed_on(db, "telegram:a", first.id, "w")
+    handed = await inbox.take_handed_on(db, "telegram:a", first.id, "w", until)
     assert handed is not None
     assert handed.text == "a/1"
     next_id, owner, _ = await _head(db, "telegram:a")
     assert (next_id, owner) == (handed.id, "w")
     assert await inbox.claim(db, "x", LEASE, 10) == []  # held: nobody else takes the conversation
-    assert await inbox.take_handed_on(db, "telegram:a", first.id, "x") is None  # not handed to x
+    assert await inbox.take_handed_on(db, "telegram:a", first.id, "x", until) is None  # not handed to x
+
+
+async def test_a_renewal_just_before_the_commit_does_not_undo_the_hand_on(db: Database) -> None:
+    """The heartbeat may renew the row's lease after the worker chose `hand_on_until` and before its
+    commit runs, so the commit's lease can end sooner than the one it replaces: the conversation is
+    handed on all the same (it was let go, and a claim could take its next row while the worker
+    took it too)."""
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    await store(db, [inbox_row("a", n, now) for n in range(2)])
+    (first,) = await inbox.claim(db, "w", LEASE, 10)
+    until = datetime.now(UTC) + LEASE
+    assert await inbox.renew(db, [first.id], "w", LEASE + timedelta(seconds=5)) == {first.id}
+    await _done(db, first.id, lease_owner="w", lease_until=until)
+    assert await inbox.claim(db, "w", LEASE, 10) == []  # held for the hand-on, not claimable
+    handed = await inbox.take_handed_on(db, "telegram:a", first.id, "w", until)
+    assert handed is not None
+    assert handed.text == "a/1"
+
+
+async def test_only_the_row_the_commit_handed_on_is_taken(db: Database) -> None:
+    """A row the worker's own claim leased is running already: taking it as handed on would run it
+    twice (a reply sent twice, a model called twice)."""
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    await store(db, [inbox_row("a", n, now) for n in range(2)])
+    (first,) = await inbox.claim(db, "w", LEASE, 10)
+    await _done(db, first.id, lease_owner=None, lease_until=None)  # let go
+    (second,) = await inbox.claim(db, "w", LEASE, 10)
+    assert second.text == "a/1"
+    until = datetime.now(UTC) + LEASE
+    assert await inbox.take_handed_on(db, "telegram:a", first.id, "w", until) is None
 
 
 async def test_one_head_version_for_a_hand_on_two_for_a_claim(db: Database) -> None:
@@ -80,8 +110,9 @@ async def test_one_head_version_for_a_hand_on_two_for_a_claim(db: Database) -> N
     now = datetime.now(UTC) - timedelta(seconds=1)
     await store(db, [inbox_row("a", n, now) for n in range(3)])
     (first,) = await inbox.claim(db, "w", LEASE, 10)
-    settle = await _done(db, first.id, lease_owner="w", lease_until=datetime.now(UTC) + 2 * LEASE)
-    handed = await inbox.take_handed_on(db, "telegram:a", first.id, "w")
+    until = datetime.now(UTC) + 2 * LEASE
+    settle = await _done(db, first.id, lease_owner="w", lease_until=until)
+    handed = await inbox.take_handed_on(db, "telegram:a", first.id, "w", until)
     assert handed is not None
     assert (await _head(db, "telegram:a"))[2] == settle  # the settle leased it; taking it wrote nothing
     # Letting go, then claiming: a version each.
@@ -106,7 +137,7 @@ async def test_any_other_done_lets_the_conversation_go(db: Database, lease: dict
     await store(db, [inbox_row("a", n, now) for n in range(2)])
     (first,) = await inbox.claim(db, "w", LEASE, 10)
     await _done(db, first.id, **lease)
-    assert await inbox.take_handed_on(db, "telegram:a", first.id, "w") is None
+    assert await inbox.take_handed_on(db, "telegram:a", first.id, "w", datetime.now(UTC) + LEASE) is None
     (second,) = await inbox.claim(db, "x", LEASE, 10)
     assert second.text == "a/1"
 
@@ -115,8 +146,9 @@ async def test_a_next_row_not_due_yet_is_not_handed_on(db: Database) -> None:
     now = datetime.now(UTC) - timedelta(seconds=1)
     await store(db, [inbox_row("a", 0, now), inbox_row("a", 1, now + timedelta(minutes=5))])
     (first,) = await inbox.claim(db, "w", LEASE, 10)
-    await _done(db, first.id, lease_owner="w", lease_until=datetime.now(UTC) + 2 * LEASE)
-    assert await inbox.take_handed_on(db, "telegram:a", first.id, "w") is None
+    until = datetime.now(UTC) + 2 * LEASE
+    await _done(db, first.id, lease_owner="w", lease_until=until)
+    assert await inbox.take_handed_on(db, "telegram:a", first.id, "w", until) is None
     next_id, owner, _ = await _head(db, "telegram:a")
     assert owner is None  # due in five minutes, for whoever claims it then
     assert next_id is not None
@@ -224,7 +256,7 @@ async def test_a_sent_reply_hands_the_next_one_on_when_asked(db: Database) -> No
     (first,) = await outbox.claim(db, "d", LEASE, 10, TARGETS)
     until = datetime.now(UTC) + 2 * LEASE
     assert await SentReplies(db).record(first.id, "d", "sent", "m1", until) is Recorded.HANDED_ON
-    handed = await outbox.take_handed_on(db, "telegram:a", first.id, "d", TARGETS)
+    handed = await outbox.take_handed_on(db, "telegram:a", first.id, "d", until, TARGETS)
     assert handed is not None
     assert handed.message is not None
     assert handed.message.text == "two"
@@ -244,11 +276,37 @@ async def test_a_sent_reply_hands_the_next_one_on_when_asked(db: Database) -> No
     assert tuple(head) == (None, None)
 
 
+async def test_a_renewal_just_before_the_record_does_not_undo_the_hand_on(db: Database) -> None:
+    """As for turns: a heartbeat between choosing `hand_on_until` and the record let the conversation
+    go while the recorder was told HANDED_ON; its own claim could then lease the next reply and the
+    hand-on take the same reply again: sent twice (the scale-out crash test's extra duplicates)."""
+    await _replies(db, ["one", "two"])
+    (first,) = await outbox.claim(db, "d", LEASE, 10, TARGETS)
+    until = datetime.now(UTC) + LEASE
+    assert await outbox.renew(db, [first.id], "d", LEASE + timedelta(seconds=5)) == {first.id}
+    assert await SentReplies(db).record(first.id, "d", "sent", "m1", until) is Recorded.HANDED_ON
+    assert await outbox.claim(db, "d", LEASE, 10, TARGETS) == []  # held for the hand-on
+    handed = await outbox.take_handed_on(db, "telegram:a", first.id, "d", until, TARGETS)
+    assert handed is not None
+    assert handed.message is not None
+    assert handed.message.text == "two"
+
+
+async def test_a_reply_the_delivery_claimed_itself_is_not_taken_as_handed_on(db: Database) -> None:
+    await _replies(db, ["one", "two"])
+    (first,) = await outbox.claim(db, "d", LEASE, 10, TARGETS)
+    assert await SentReplies(db).record(first.id, "d", "sent", "m1") is Recorded.WRITTEN
+    assert len(await outbox.claim(db, "d", LEASE, 10, TARGETS)) == 1  # the next reply, sending
+    until = datetime.now(UTC) + LEASE
+    assert await outbox.take_handed_on(db, "telegram:a", first.id, "d", until, TARGETS) is None
+
+
 async def test_a_sent_reply_lets_go_unless_asked(db: Database) -> None:
     await _replies(db, ["one", "two"])
     (first,) = await outbox.claim(db, "d", LEASE, 10, TARGETS)
     assert await SentReplies(db).record(first.id, "d", "sent", "m1") is Recorded.WRITTEN
-    assert await outbox.take_handed_on(db, "telegram:a", first.id, "d", TARGETS) is None
+    until = datetime.now(UTC) + LEASE
+    assert await outbox.take_handed_on(db, "telegram:a", first.id, "d", until, TARGETS) is None
     (second,) = await outbox.claim(db, "e", LEASE, 10, TARGETS)
     assert second.message is not None
     assert second.message.text == "two"
@@ -292,6 +350,6 @@ async def test_a_reply_handed_on_to_a_chat_that_removed_the_bot_says_so(db: Data
         )
     until = datetime.now(UTC) + 2 * LEASE
     assert await SentReplies(db).record(first.id, "d", "sent", "m1", until) is Recorded.HANDED_ON
-    handed = await outbox.take_handed_on(db, "telegram:a", first.id, "d", TARGETS)
+    handed = await outbox.take_handed_on(db, "telegram:a", first.id, "d", until, TARGETS)
     assert handed is not None
     assert not handed.reachable  # delivery marks it failed instead of sending it

@@ -1,4 +1,4 @@
-"""How often a claim loop scans every due head (gateway/worker/claim_loop.py).
+"""How often a claim loop scans every due head, and that it runs a row once (gateway/worker/claim_loop.py).
 
 While hinted claims keep taking rows, a scan of every due head runs at most every BUSY_SCAN_SECONDS
 (on PostgreSQL under a held snapshot each one reads the whole due index); an idle loop, whose rows can
@@ -76,3 +76,39 @@ async def test_scans_are_rare_while_hinted_claims_take_rows() -> None:
 async def test_an_idle_loop_keeps_scanning_every_poll() -> None:
     gaps = await scan_gaps(hinted_work=False, scans_wanted=6)
     assert max(gaps) < BUSY, gaps
+
+
+async def test_a_row_already_running_is_not_started_again() -> None:
+    """A row the store hands on (`adopt`) while the loop's own claim took it too, or the other way
+    round, runs once: run twice, a reply would be sent twice."""
+    started: list[int] = []
+    second_done = asyncio.Event()
+    claimed_once = False
+
+    async def claim(limit: int, sessions: Sequence[str] | None) -> list[Row]:
+        nonlocal claimed_once
+        if claimed_once:
+            return []
+        claimed_once = True
+        return [Row(1, "telegram:1")]
+
+    async def process(row: Row) -> None:
+        started.append(row.id)
+        if row.id == 1:
+            loop_under_test.adopt(Row(1, "telegram:1"))  # the same row again: ignored
+            loop_under_test.adopt(Row(2, "telegram:1"))  # the next one: started
+        else:
+            second_done.set()
+
+    async def nothing(ids: list[int]) -> set[int]:
+        return set(ids)
+
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=nothing, release=nothing)
+    running = asyncio.create_task(loop_under_test.run())
+    try:
+        async with asyncio.timeout(10):
+            await second_done.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert started == [1, 2]
