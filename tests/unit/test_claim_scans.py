@@ -47,19 +47,26 @@ async def scan_gaps(hinted_work: bool, scans_wanted: int) -> list[float]:
     async def process(row: Row) -> None:
         await asyncio.sleep(0)
 
-    async def nothing(ids: list[int]) -> set[int]:
-        return set(ids)
-
-    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 1, renew=nothing, release=nothing)
-    running = asyncio.create_task(loop_under_test.run())
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 1, renew=held, release=held)
     loop_under_test.wake(["telegram:1"])
+    await run_until(loop_under_test, enough)
+    return [b - a for a, b in itertools.pairwise(scans)]
+
+
+async def held(ids: list[int]) -> set[int]:
+    """Renewal and release of fake rows: every row is still held."""
+    return set(ids)
+
+
+async def run_until(loop_under_test: ClaimLoop[Row], event: asyncio.Event) -> None:
+    """Run the loop until `event` is set (10 s at most), then stop it."""
+    running = asyncio.create_task(loop_under_test.run())
     try:
         async with asyncio.timeout(10):
-            await enough.wait()
+            await event.wait()
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
-    return [b - a for a, b in itertools.pairwise(scans)]
 
 
 @pytest.fixture(autouse=True)
@@ -100,15 +107,6 @@ async def test_a_row_already_running_is_not_started_again() -> None:
         else:
             second_done.set()
 
-    async def nothing(ids: list[int]) -> set[int]:
-        return set(ids)
-
-    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=nothing, release=nothing)
-    running = asyncio.create_task(loop_under_test.run())
-    try:
-        async with asyncio.timeout(10):
-            await second_done.wait()
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=held, release=held)
+    await run_until(loop_under_test, second_done)
     assert started == [1, 2]
