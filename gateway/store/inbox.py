@@ -123,8 +123,8 @@ async def claim(
 # PostgreSQL: the row a turn's commit handed on to its worker (turns.TurnCompletion.hand_on_until),
 # known by its lease's end, which the settle copied from the finished row: a row the worker's own
 # claim leased meanwhile (its lease ends at another instant) is running already. Found through the
-# pending index from the finished row on: the conversation's earlier rows, whose
-# entries a held snapshot keeps, are not read. `status = 'pending'` is spelled out for that index.
+# pending index from the finished row on: the conversation's earlier rows, whose entries a held
+# snapshot keeps, are not read. `status = 'pending'` is spelled out for that index.
 _HANDED_ON = Statement(
     text(
         "SELECT id, platform, session_id, text, message_json, attempts, "
