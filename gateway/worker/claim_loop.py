@@ -1,8 +1,9 @@
 """The loop shared by the inbox worker and delivery: claim rows as slots free up, process each in a task.
 
 Up to `concurrency` rows are in flight at once, claimed several per claim: while others are busy a
-claim waits until a quarter of the slots are free, so one claim (a transaction, a round trip or two)
-takes several rows.
+claim waits until a quarter of the slots (at most MAX_CLAIM_ROWS / 2) are free, so one claim (a
+transaction, a round trip or two) takes several rows, and it takes at most MAX_CLAIM_ROWS, so the
+turns it starts do not hold the event loop for long.
 While `busy()` says this process's webhooks wait for their commit (a flood), at most BUSY_CLAIM_ROWS
 new rows start every BUSY_CLAIM_DELAY_SECONDS (rows in flight go on): acknowledgements come first,
 and a flood's backlog is worked off right after it.
@@ -47,6 +48,11 @@ BUSY_SCAN_SECONDS = 2.0
 # A scripted turn costs the event loop ~0.8 ms, so 32 every 0.2 s still took 13% of it during a flood.
 BUSY_CLAIM_DELAY_SECONDS = 0.2
 BUSY_CLAIM_ROWS = 4
+# Rows one claim takes at most. Turns waiting on a model stay in flight for seconds, so thousands may be:
+# a claim of 500 started them in one stretch of the event loop (~0.75 ms each) and, a model latency
+# later, their answers came back together; webhooks waited behind both (ack p99 140-280 ms instead of
+# 30-70, acks/s 0.84-0.88 of the same run's without model traffic; with this bound 36 ms and 0.94-1.11).
+MAX_CLAIM_ROWS = 64
 HINTS_PER_ROW = 2  # conversations a hinted claim looks at, per row it may take
 DEFAULT_LEASE_SECONDS = 30.0  # how long a crashed process's rows wait before another takes them
 HOST_CHARS = 32  # of the host name in an owner id: Kubernetes pod names reach 63, the column holds 64
@@ -99,7 +105,8 @@ class ClaimLoop(Generic[Row]):
         self.busy = busy
         self.health = ClaimHealth()
         self._wake = asyncio.Event()
-        self._claim_at = max(1, concurrency // 4)  # free slots worth a claim while others are busy
+        # Free slots worth a claim while others are busy.
+        self._claim_at = max(1, min(concurrency // 4, MAX_CLAIM_ROWS // 2))
         self._in_flight: dict[int, asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()
         self._attached: dict[asyncio.Task[None], list[int]] = {}
@@ -131,6 +138,8 @@ class ClaimLoop(Generic[Row]):
                     await asyncio.sleep(BUSY_CLAIM_DELAY_SECONDS)
                 self._wake.clear()
                 free = self.concurrency - len(running)
+                if free >= MAX_CLAIM_ROWS + self._claim_at:
+                    free = MAX_CLAIM_ROWS  # else all: a rest under _claim_at would wait for slots
                 if busy:
                     free = min(free, BUSY_CLAIM_ROWS)
                 elif free < self._claim_at and running:

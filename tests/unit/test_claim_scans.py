@@ -1,4 +1,5 @@
-"""How often a claim loop scans every due head, and that it runs a row once (gateway/worker/claim_loop.py).
+"""How often a claim loop scans every due head, how many rows a claim takes, and that it runs a row once
+(gateway/worker/claim_loop.py).
 
 While hinted claims keep taking rows, a scan of every due head runs at most every BUSY_SCAN_SECONDS
 (on PostgreSQL under a held snapshot each one reads the whole due index); an idle loop, whose rows can
@@ -110,3 +111,33 @@ async def test_a_row_already_running_is_not_started_again() -> None:
     loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=held, release=held)
     await run_until(loop_under_test, second_done)
     assert started == [1, 2]
+
+
+@pytest.mark.parametrize("waiting", [1000, 2000])
+async def test_claims_take_bounded_batches_and_leave_no_rest_behind(waiting: int) -> None:
+    """With 2,000 turns allowed in flight and every turn waiting on its model, rows start in claims of
+    at most MAX_CLAIM_ROWS (a claim of hundreds started them all in one stretch of the event loop, and
+    acknowledgements waited behind it), and the last claim takes the rest whole: a rest smaller than a
+    claim's threshold waited for a turn to finish, seconds later."""
+    rows = [Row(n, f"telegram:{n}") for n in range(waiting)]
+    limits: list[int] = []
+    started: list[int] = []
+    all_started = asyncio.Event()
+    model_answers = asyncio.Event()  # never set: every turn stays in flight
+
+    async def claim(limit: int, sessions: Sequence[str] | None) -> list[Row]:
+        limits.append(limit)
+        taken, rows[:limit] = rows[:limit], []
+        return taken
+
+    async def process(row: Row) -> None:
+        started.append(row.id)
+        if len(started) == waiting:
+            all_started.set()
+        await model_answers.wait()
+
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 2000, renew=held, release=held)
+    loop_under_test.wake([row.session_id for row in rows])
+    await run_until(loop_under_test, all_started)
+    assert sorted(started) == list(range(waiting))
+    assert max(limits) <= 128, limits  # ~0.1 s of turn starts at most, not the whole backlog
