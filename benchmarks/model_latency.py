@@ -26,10 +26,11 @@ message. Scenarios:
 
 Figures: turns/s = messages / (last reply - first post); ideal = messages / (ack time + latency),
 where ack time is first post -> last 200; the model's most calls in flight at once (counted by the
-fake server); 429s; and the ack time against the ``scripted`` baseline's. A scenario passes when
-every message got exactly one reply and, after SIGTERM, every inbox row is done and every outbox row
-sent. Goals: >= 0.8 of ideal at 1 s and at 5 s; under an RPM budget, 429s <= 1 % of calls and
-every turn finished. The table goes to stdout and benchmarks/model_latency_results.md.
+fake server) and the seconds from its first call to its last (how long the turns took to start);
+429s; and the ack time against the ``scripted`` baseline's. A scenario passes when every message got
+exactly one reply and, after SIGTERM, every inbox row is done and every outbox row sent. Goals:
+>= 0.8 of ideal at 1 s and at 5 s; under an RPM budget, 429s <= 1 % of calls and every turn finished.
+The table goes to stdout and benchmarks/model_latency_results.md.
 Options: ``--messages`` (2,000), ``--scenarios`` (all), ``--rpm`` (3,000), ``--output``.
 """
 
@@ -82,6 +83,7 @@ class FakeModel:
 
     def reset(self) -> None:
         self.calls = self.refused_429 = self.refused_503 = self.in_flight = self.max_in_flight = 0
+        self.first_call = self.last_call = 0.0  # monotonic: over how long the calls arrived
         self._tokens = 0.0
         self._refilled = time.monotonic()
 
@@ -103,6 +105,7 @@ class FakeModel:
             "refused_429": self.refused_429,
             "refused_503": self.refused_503,
             "max_in_flight": self.max_in_flight,
+            "calls_arrived_over_s": round(self.last_call - self.first_call, 2),
         }
 
 
@@ -113,6 +116,8 @@ def fake_model() -> Starlette:
     async def completions(request: Request) -> JSONResponse:
         body = json.loads(await request.body())
         state.calls += 1
+        state.last_call = time.monotonic()
+        state.first_call = state.first_call or state.last_call
         if time.monotonic() < state.outage_until:
             state.refused_503 += 1
             return JSONResponse({"error": {"message": "overloaded"}}, 503)

@@ -24,11 +24,19 @@ ack latency, inbox rows vs 200s, PASS/FAIL; progress goes to stderr) and writes 
 round's figures, to benchmarks/webhooks_results.md. Options: ``--duration`` (seconds per run,
 default 10), ``--warmup`` (default 3), ``--rounds`` (default 3), ``--connections`` (64),
 ``--threads`` (2), ``--output``. The default run takes about 70 seconds.
+
+``--model-latency S`` adds a second gateway, measured in the same rounds: its turns call a fake
+OpenAI-compatible server (benchmarks/model_latency.py's) that answers after S seconds, instead of the
+scripted demo agent. The report then compares its acks/s with the scripted gateway's (goal: at least
+0.95 of them): model traffic must not slow acknowledgements. Both run in the same rounds because two
+runs of the same code on the shared machine differ by more than that. Its report goes to
+benchmarks/webhooks_model_results.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import json
 import os
@@ -55,8 +63,15 @@ HERE = Path(__file__).resolve().parent
 LUA_SCRIPT = HERE / "webhooks_post.lua"
 BARE_MODULE = "webhooks_bare_app:app"
 DEFAULT_OUTPUT = HERE / "webhooks_results.md"
+DEFAULT_MODEL_OUTPUT = HERE / "webhooks_model_results.md"
 COMMAND = "python benchmarks/webhooks.py"
 GOAL_RATIO = 0.35
+GOAL_MODEL_RATIO = 0.95  # acks/s with model traffic vs without, measured in the same run
+AGENTS = {
+    "ours": "the scripted demo agent",
+    "ours, model": "benchmarks/model_agent.py on GATEWAY_MODEL=openai:fake-model, a fake OpenAI-compatible "
+    "server (benchmarks/model_latency.py's) answering each call after {latency:g} s",
+}
 SECRET = "bench-secret_0123456789"
 BOT_TOKEN = "123456:abc"
 WEBHOOK_PATH = "/webhooks/telegram"
@@ -408,14 +423,22 @@ def check_durability(runs: list[Run], stored: set[int]) -> Durability:
 
 # --- measuring -----------------------------------------------------------------------------------
 @dataclass
-class Results:
-    ours: list[Run]
-    bare: list[Run]
+class Ours:
+    """One `gateway serve`: its runs, then what its database held after its stop."""
+
+    name: str  # "ours", or "ours, model" for the gateway whose turns call the fake model
+    runs: list[Run]
     durability: Durability
-    gateway_exit: int
-    seconds: float
+    exit_code: int
     inbox_statuses: dict[str, int]  # every inbox row (warm-ups too) by status, after the stop
     api_calls: dict[str, int]  # Bot API calls the gateway made (replies, typing indicators)
+
+
+@dataclass
+class Results:
+    ours: list[Ours]  # the scripted gateway, then (with --model-latency) the one calling the model
+    bare: list[Run]
+    seconds: float
 
 
 def measure(args: argparse.Namespace) -> Results:
@@ -423,13 +446,13 @@ def measure(args: argparse.Namespace) -> Results:
     with tempfile.TemporaryDirectory(prefix="chatflow-gateway-webhooks-") as tmp:
         workdir = Path(tmp)
         log("starting gateway serve and the bare app ...")
-        api = FakeBotAPI()
-        model = None
-        try:
+        with contextlib.ExitStack() as stack:
+            model = None
             if args.model_latency is not None:
                 import model_latency  # the fake model server (imports this module: not at the top)
 
                 model = model_latency.start_fake(workdir, "fake-model", "model_latency:fake_model")
+                stack.callback(model.stop)
                 urllib.request.urlopen(
                     urllib.request.Request(
                         f"{model.url}/_bench/configure",
@@ -438,67 +461,63 @@ def measure(args: argparse.Namespace) -> Results:
                     ),
                     timeout=10,
                 ).close()
-            gateway = start_gateway(workdir, api.base, None if model is None else model.url)
-        except BaseException:
-            api.close()
-            if model is not None:
-                model.stop()
-            raise
-        try:
+            gateways: dict[str, tuple[Server, FakeBotAPI, Path]] = {}
+            for name, model_url in (("ours", None), ("ours, model", model and model.url)):
+                if name != "ours" and model_url is None:
+                    continue
+                home = workdir / ("model" if model_url else "scripted")
+                home.mkdir()
+                api = FakeBotAPI()
+                stack.callback(api.close)
+                gateway = start_gateway(home, api.base, model_url)
+                stack.callback(gateway.stop)
+                gateways[name] = gateway, api, home
             bare = start_bare(workdir)
-        except BaseException:
-            gateway.stop()
-            api.close()
-            raise
-        runs: dict[str, list[Run]] = {"gateway": [], "bare": []}
-        counter = 0
+            stack.callback(bare.stop)
+            servers: dict[str, Server] = {"bare": bare} | {n: g for n, (g, _, _) in gateways.items()}
+            runs: dict[str, list[Run]] = {name: [] for name in servers}
+            counter = 0
 
-        def one(server: Server, seconds: int) -> Run:
-            nonlocal counter
-            counter += 1
-            if server is bare:
-                # The gateway keeps working off its backlog of turns between its runs: frozen while
-                # the bare app is measured, it takes no CPU from it (its own state is untouched).
-                gateway.process.send_signal(signal.SIGSTOP)
-            try:
-                return run_wrk(server, counter * ID_SPAN_PER_RUN, args, seconds, workdir / f"acked-{counter}")
-            finally:
-                if server is bare:
-                    gateway.process.send_signal(signal.SIGCONT)
+            def one(name: str, seconds: int) -> Run:
+                # The other gateways keep working off their backlogs of turns between their runs:
+                # frozen while another server is measured, they take no CPU from it (their state is
+                # untouched).
+                nonlocal counter
+                counter += 1
+                others = [g for n, (g, _, _) in gateways.items() if n != name]
+                for other in others:
+                    other.process.send_signal(signal.SIGSTOP)
+                try:
+                    return run_wrk(
+                        servers[name], counter * ID_SPAN_PER_RUN, args, seconds, workdir / f"acked-{counter}"
+                    )
+                finally:
+                    for other in others:
+                        other.process.send_signal(signal.SIGCONT)
 
-        try:
-            for server in (bare, gateway):
-                log(f"warm-up: {server.name}, {args.warmup} s ...")
-                one(server, args.warmup)
+            names = list(servers)
+            for name in names:
+                log(f"warm-up: {name}, {args.warmup} s ...")
+                one(name, args.warmup)
             for round_number in range(args.rounds):
-                order = (bare, gateway) if round_number % 2 == 0 else (gateway, bare)
-                for server in order:
-                    log(f"round {round_number + 1}/{args.rounds}: {server.name}, {args.duration} s ...")
-                    run = one(server, args.duration)
-                    runs[server.name].append(run)
+                shift = round_number % len(names)  # each server goes first in turn
+                for name in names[shift:] + names[:shift]:
+                    log(f"round {round_number + 1}/{args.rounds}: {name}, {args.duration} s ...")
+                    run = one(name, args.duration)
+                    runs[name].append(run)
                     log(
                         f"  {run.acks_per_second:,.0f} acks/s, p99 {run.p99_seconds * 1000:.1f} ms, "
                         f"statuses {run.statuses}, errors {run.errors}"
                     )
-        finally:
             bare.stop()
-            log("stopping gateway serve (SIGTERM) ...")
-            gateway_exit = gateway.stop()
-            api.close()
-            if model is not None:
-                model.stop()
-        database = workdir / "data" / "gateway.db"
-        stored, statuses = inbox_update_ids(database)
-        durability = check_durability(runs["gateway"], stored)
-    return Results(
-        runs["gateway"],
-        runs["bare"],
-        durability,
-        gateway_exit,
-        time.perf_counter() - started,
-        statuses,
-        dict(api.calls),
-    )
+            ours = []
+            for name, (gateway, api, home) in gateways.items():
+                log(f"stopping {name} (SIGTERM) ...")
+                exit_code = gateway.stop()
+                stored, statuses = inbox_update_ids(home / "data" / "gateway.db")
+                durability = check_durability(runs[name], stored)
+                ours.append(Ours(name, runs[name], durability, exit_code, statuses, dict(api.calls)))
+    return Results(ours, runs["bare"], time.perf_counter() - started)
 
 
 # --- reporting -----------------------------------------------------------------------------------
@@ -522,26 +541,41 @@ def _ms(seconds: float) -> str:
 
 
 def table(results: Results) -> str:
-    ours = statistics.median(r.acks_per_second for r in results.ours)
     bare = statistics.median(r.acks_per_second for r in results.bare)
-    ratio = ours / bare
-    d = results.durability
-    durable = d.passed and results.gateway_exit == 0
-    return "\n".join(
-        [
-            "| Metric | ours (`gateway serve`) | bare Starlette | ratio | goal | result |",
-            "| --- | ---: | ---: | ---: | --- | --- |",
-            f"| Webhook acks/s (200s per second, median of {len(results.ours)} runs) | {ours:,.0f} "
+    rows = [
+        "| Metric | ours (`gateway serve`) | bare Starlette | ratio | goal | result |",
+        "| --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for ours in results.ours:
+        acks = statistics.median(r.acks_per_second for r in ours.runs)
+        ratio = acks / bare
+        rows.append(
+            f"| Webhook acks/s, {ours.name} (200s per second, median of {len(ours.runs)} runs) | {acks:,.0f} "
             f"| {bare:,.0f} | {ratio:.2f} | ours >= {GOAL_RATIO:g} x bare "
-            f"| {'PASS' if ratio >= GOAL_RATIO else 'FAIL'} |",
-            f"| p99 ack latency (median of the runs' p99) "
-            f"| {_ms(statistics.median(r.p99_seconds for r in results.ours))} "
-            f"| {_ms(statistics.median(r.p99_seconds for r in results.bare))} | | reported | |",
-            f"| Inbox rows after SIGTERM vs 200s (measured runs) | {d.inbox_rows:,} rows vs "
+            f"| {'PASS' if ratio >= GOAL_RATIO else 'FAIL'} |"
+        )
+    if len(results.ours) == 2:
+        scripted, model = (statistics.median(r.acks_per_second for r in o.runs) for o in results.ours)
+        ratio = model / scripted
+        rows.append(
+            f"| Acks/s with model traffic vs without (same run) | {model:,.0f} vs {scripted:,.0f} | | "
+            f"{ratio:.2f} | >= {GOAL_MODEL_RATIO:g} | {'PASS' if ratio >= GOAL_MODEL_RATIO else 'FAIL'} |"
+        )
+    for ours in results.ours:
+        rows.append(
+            f"| p99 ack latency, {ours.name} (median of the runs' p99) "
+            f"| {_ms(statistics.median(r.p99_seconds for r in ours.runs))} "
+            f"| {_ms(statistics.median(r.p99_seconds for r in results.bare))} | | reported | |"
+        )
+    for ours in results.ours:
+        d = ours.durability
+        durable = d.passed and ours.exit_code == 0
+        rows.append(
+            f"| Inbox rows after SIGTERM vs 200s, {ours.name} (measured runs) | {d.inbox_rows:,} rows vs "
             f"{d.ok_responses:,} 200s ({d.in_flight} stored but not read by wrk; {d.missing} acked ids "
-            f"missing) | n/a | | every 200 durable | {'PASS' if durable else 'FAIL'} |",
-        ]
-    )
+            f"missing) | n/a | | every 200 durable | {'PASS' if durable else 'FAIL'} |"
+        )
+    return "\n".join(rows)
 
 
 def _statuses(counts: dict[str, int]) -> str:
@@ -549,18 +583,11 @@ def _statuses(counts: dict[str, int]) -> str:
 
 
 def report(results: Results, args: argparse.Namespace) -> str:
-    agent = (
-        "the scripted demo agent"
-        if args.model_latency is None
-        else f"benchmarks/model_agent.py on GATEWAY_MODEL=openai:fake-model, a fake OpenAI-compatible "
-        f"server answering each call after {args.model_latency:g} s (`--model-latency`)"
-    )
-    d = results.durability
     detail = [
         "| Server | run | acks/s | wrk requests/s | p99 | 200s | other statuses | socket errors | sent |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |",
     ]
-    for name, runs in (("ours", results.ours), ("bare", results.bare)):
+    for name, runs in [(o.name, o.runs) for o in results.ours] + [("bare", results.bare)]:
         for number, r in enumerate(runs, 1):
             others = {k: v for k, v in r.statuses.items() if k != 200} or "-"
             errors = {k: v for k, v in r.errors.items() if v} or "-"
@@ -573,40 +600,46 @@ def report(results: Results, args: argparse.Namespace) -> str:
         f"wrk -t{args.threads} -c{args.connections} -d{args.duration}s --latency "
         f"--timeout={WRK_TIMEOUT}s -s benchmarks/webhooks_post.lua URL"
     )
+    gateways = "\n".join(
+        f"- **{o.name}**: {AGENTS[o.name].format(latency=args.model_latency)}. At the stop (SIGTERM, exit "
+        f"code {o.exit_code}) the inbox held {_statuses(o.inbox_statuses)} (warm-ups included: the "
+        f"backlog the worker had not reached yet is `pending`); its fake Bot API had answered "
+        f"{_statuses(o.api_calls)}. Durability: {o.durability.inbox_rows:,} rows for the measured runs' "
+        f"ids, {o.durability.ok_responses:,} 200s received by wrk ({o.durability.accepted_new:,} of them "
+        f'`"new": 1`), {o.durability.acked_ids:,} acknowledged ids echoed back, {o.durability.missing} '
+        f"of them without a row, {o.durability.unsent} rows of ids never sent, {o.durability.sent:,} "
+        "requests sent."
+        for o in results.ours
+    )
     return f"""# Webhook acknowledgements per second: `gateway serve` vs a bare Starlette endpoint
 
-Generated by `{COMMAND}` on {when}: Python {platform.python_version()}, SQLite \
-{sqlite3.sqlite_version}, {platform.machine()} with {os.cpu_count()} CPUs, {args.rounds} rounds, \
-{results.seconds:.0f} s, code at {code_version()}. The load generator and the servers share the \
-machine.
+Generated by `{COMMAND}{"" if args.model_latency is None else f" --model-latency {args.model_latency:g}"}` \
+on {when}: Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, {platform.machine()} with \
+{os.cpu_count()} CPUs, {args.rounds} rounds, {results.seconds:.0f} s, code at {code_version()}. The load \
+generator and the servers share the machine.
 
 {table(results)}
 
 ## Workload
 
-- **Load**: `{wrk_line}`, the same for both servers, after a {args.warmup} s warm-up of each; the \
-rounds alternate which server goes first. Every request POSTs a Telegram text message update \
+- **Load**: `{wrk_line}`, the same for every server, after a {args.warmup} s warm-up of each; each \
+round starts with the next server. Every request POSTs a Telegram text message update \
 (`tests/payloads/telegram/private_text.json`'s shape, 500 private chats) with a new `update_id`, \
 `Content-Type: application/json`, `X-Telegram-Bot-Api-Secret-Token` and `X-Request-ID: u<update_id>`.
 - **Ours**: `gateway serve --port P` (one worker, uvicorn's `loop=auto`, `http=auto`), SQLite file \
-`./data/gateway.db` in a temporary directory, GATEWAY_LOG_LEVEL=warning, GATEWAY_LOG_FORMAT=json. \
-Each 200 means the update's dedup key and inbox row were committed (group commit). Every update is a \
-text message, so each is stored `pending` and its in-process inbox worker runs an agent turn for it \
-({agent}) while the load goes on, and replies through a fake Bot API on loopback \
-(GATEWAY_TELEGRAM_API_BASE; every call succeeds) at the default pacing. At the stop the inbox held \
-{_statuses(results.inbox_statuses)} (warm-ups included: the backlog the worker had not reached yet is \
-`pending`); the fake API had answered {_statuses(results.api_calls)}.
+`./data/gateway.db` in a temporary directory of its own, GATEWAY_LOG_LEVEL=warning, \
+GATEWAY_LOG_FORMAT=json. Each 200 means the update's dedup key and inbox row were committed (group \
+commit). Every update is a text message, so each is stored `pending` and its in-process inbox worker \
+runs an agent turn for it while the load goes on, and replies through a fake Bot API on loopback \
+(GATEWAY_TELEGRAM_API_BASE; every call succeeds) at the default pacing. While another server is \
+measured, a gateway is paused (SIGSTOP/SIGCONT), so its backlog of turns takes no CPU from it.
+{gateways}
 - **Bare**: `uvicorn webhooks_bare_app:app --workers 1 --loop auto --http auto --log-level warning \
---no-access-log --no-server-header`: a Starlette route that reads the body and answers 200 JSON. \
-While it is loaded the gateway process is paused (SIGSTOP/SIGCONT), so the gateway's backlog of \
-turns takes no CPU from it.
-- **Acks/s**: 200 responses / the run's duration. **Durability**: after the runs the gateway is \
-stopped with SIGTERM (exit code {results.gateway_exit}) and its inbox read with sqlite3: \
-{d.inbox_rows:,} rows for the measured runs' ids, {d.ok_responses:,} 200s received by wrk \
-({d.accepted_new:,} of them `"new": 1`), {d.acked_ids:,} acknowledged ids echoed back, {d.missing} of \
-them without a row, {d.unsent} rows of ids never sent, {d.sent:,} requests sent. Rows beyond the 200s \
-are requests wrk had sent when its time ran out (or gave up on after {WRK_TIMEOUT} s): stored and \
-answered, but not read.
+--no-access-log --no-server-header`: a Starlette route that reads the body and answers 200 JSON.
+- **Acks/s**: 200 responses / the run's duration. **Durability**: after the runs each gateway is \
+stopped with SIGTERM and its inbox read with sqlite3: every acknowledged id must have its row, and \
+no row may be of an id never sent. Rows beyond the 200s are requests wrk had sent when its time ran \
+out (or gave up on after {WRK_TIMEOUT} s): stored and answered, but not read.
 
 ## Every run
 
@@ -623,15 +656,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="measured runs per server (default 3)")
     parser.add_argument("--connections", type=int, default=64, help="wrk connections (default 64)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2, at most 9)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="markdown report to write")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="markdown report to write (default benchmarks/webhooks_results.md, with --model-latency "
+        "benchmarks/webhooks_model_results.md)",
+    )
     parser.add_argument(
         "--model-latency",
         type=float,
         default=None,
-        help="seconds: the turns call a fake OpenAI-compatible server answering after this long "
-        "(benchmarks/model_latency.py's) instead of the scripted demo agent",
+        help="seconds: also measure, in the same rounds, a gateway whose turns call a fake "
+        "OpenAI-compatible server answering after this long (benchmarks/model_latency.py's)",
     )
     args = parser.parse_args(argv)
+    if args.output is None:
+        args.output = DEFAULT_OUTPUT if args.model_latency is None else DEFAULT_MODEL_OUTPUT
     if min(args.duration, args.warmup, args.rounds) < 1:
         parser.error("--duration, --warmup and --rounds must be at least 1")
     if not 1 <= args.threads <= 9 or args.connections < args.threads:
