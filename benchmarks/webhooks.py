@@ -462,9 +462,8 @@ def measure(args: argparse.Namespace) -> Results:
                     timeout=10,
                 ).close()
             gateways: dict[str, tuple[Server, FakeBotAPI, Path]] = {}
-            for name, model_url in (("ours", None), ("ours, model", model and model.url)):
-                if name != "ours" and model_url is None:
-                    continue
+            wanted: dict[str, str | None] = {"ours": None} | ({"ours, model": model.url} if model else {})
+            for name, model_url in wanted.items():
                 home = workdir / ("model" if model_url else "scripted")
                 home.mkdir()
                 api = FakeBotAPI()
