@@ -187,7 +187,9 @@ async def _execute(raw: Any, sql: str, args: list[Any]) -> list[Record]:
         if isinstance(exc, asyncpg.PostgresConnectionError) or raw.is_closed():
             raise OperationalError(sql, None, exc) from exc
         raise DBAPIError(sql, None, exc) from exc
-    except (asyncpg.InterfaceError, OSError) as exc:
+    except (asyncpg.InterfaceError, asyncpg.InternalClientError, OSError) as exc:
+        # InternalClientError: the driver's protocol left mid-operation (a backend terminated at the
+        # wrong moment); that connection serves nothing again, like a lost one.
         raise OperationalError(sql, None, exc) from exc
     return rows
 

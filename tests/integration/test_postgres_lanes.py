@@ -25,6 +25,7 @@ SLEEP = Statement(text("SELECT pg_sleep(CAST(:seconds AS float8)), CAST(:tag AS 
 INSERT = Statement(
     text("INSERT INTO lanes_probe (k) VALUES (:k) RETURNING k").bindparams(bindparam("k", type_=String))
 )
+BACKEND_PID = Statement(text("SELECT pg_backend_pid()"))
 BACKENDS = text(
     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
 )
@@ -78,6 +79,36 @@ async def test_a_lost_connection_fails_one_statement_and_every_lane_reconnects(d
         except OperationalError:
             failures += 1
     assert failures == 1
+
+
+async def test_a_driver_left_in_a_broken_state_costs_one_statement_and_its_connection(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend terminated at the wrong moment left asyncpg's protocol mid-operation (CI, 2026-12-04:
+    "cannot switch to state 11; another operation (2) is in progress", an InternalClientError, which
+    is neither a PostgresError nor an InterfaceError). That connection serves nothing again: the lane
+    must drop it and the caller must see the unavailable error, as for any lost connection."""
+    import asyncpg
+
+    lanes = PostgresLanes(db.engine, 1, 5.0)  # one lane: every statement runs on its connection
+    fetch = asyncpg.Connection.fetch
+    broken: list[int] = []
+
+    async def fetch_once_broken(self: asyncpg.Connection, query: str, *args: object) -> list[object]:
+        if not broken:
+            broken.append(1)
+            raise asyncpg.InternalClientError("cannot switch to state 11; another operation is in progress")
+        return await fetch(self, query, *args)
+
+    try:
+        before = (await lanes.fetch(BACKEND_PID, {}))[0][0]
+        monkeypatch.setattr(asyncpg.Connection, "fetch", fetch_once_broken)
+        with pytest.raises(OperationalError):
+            await lanes.fetch(ECHO, {"value": 1})
+        after = (await lanes.fetch(BACKEND_PID, {}))[0][0]
+    finally:
+        await lanes.aclose()
+    assert after != before  # a fresh connection, not the broken one
 
 
 async def test_a_caller_waits_for_a_lane_no_longer_than_the_pool_timeout(db: Database) -> None:
