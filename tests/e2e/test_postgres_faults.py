@@ -83,7 +83,7 @@ def server() -> Iterator[fk.PrivatePostgres]:
     """One private server for the module (initdb once); each test has a database of its own."""
     reason = _no_server_reason()
     if reason:
-        pytest.skip(reason)
+        pytest.skip(reason=reason)
     server = fk.PrivatePostgres()
     try:
         server.start()
