@@ -25,6 +25,7 @@ from gateway.store import queue_heads
 from gateway.store.database import Database
 from gateway.store.postgres_lanes import PostgresLanes, Statement
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
+from gateway.store.storable import json_text
 from gateway.store.tables import SessionRow, pending_by_row
 
 Row = tuple[Any, ...]  # (id, *the claimed columns)
@@ -304,5 +305,5 @@ def _sqlite_value(value: Any) -> Any:
     if isinstance(value, datetime):
         return to_sqlite_datetime(value)
     if isinstance(value, dict | list):
-        return json.dumps(value)
+        return json_text(value)
     return value

@@ -10,7 +10,6 @@ platform accepted is never sent twice.
 from __future__ import annotations
 
 import functools
-import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from gateway.store import chats, leases
 from gateway.store.database import Database
 from gateway.store.postgres_lanes import Statement
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
+from gateway.store.storable import json_text
 from gateway.store.tables import OutboxRow, of_status_index
 
 ROWS_PER_STATEMENT = 64  # rows per multi-row insert; far below SQLite's limits
@@ -73,7 +73,7 @@ def insert_on_file(
             m.session_id,
             m.kind.value,
             m.text,
-            json.dumps(m.target.to_json()),
+            json_text(m.target.to_json()),
             stamp,
             stamp,
             stamp,

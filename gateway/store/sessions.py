@@ -58,6 +58,7 @@ from gateway.errors import GatewayError
 from gateway.store.database import Database
 from gateway.store.engine import SQLITE_CASEFOLD
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
+from gateway.store.storable import json_text
 from gateway.store.tables import MessageRow, SessionRow
 
 _LIKE_ESCAPE = "\\"
@@ -392,7 +393,7 @@ def save_on_file(turn: TurnWrite) -> Callable[[sqlite3.Connection], bool]:
     session_values = (
         fields.active_agent_name,
         fields.title,
-        json.dumps(fields.metadata),
+        json_text(fields.metadata),
         to_sqlite_datetime(fields.updated_at),
         fields.message_count,
         session_id,
@@ -406,7 +407,7 @@ def save_on_file(turn: TurnWrite) -> Callable[[sqlite3.Connection], bool]:
         (_delete_messages_sql(len(positions)), (session_id, *positions)) for positions in _chunks(turn.pruned)
     ]
     message_values = [
-        (session_id, r.position, r.role, json.dumps(r.message), to_sqlite_datetime(r.created_at))
+        (session_id, r.position, r.role, json_text(r.message), to_sqlite_datetime(r.created_at))
         for r in turn.rows
     ]
     statements += [

@@ -349,3 +349,30 @@ async def test_a_stale_version_cannot_overwrite_another_stores_turn(store: BaseS
         assert [m.content for m in kept.history if m.role is Role.USER] == ["one", "two"]
     finally:
         await other.aclose()
+
+
+async def test_concurrent_first_calls_check_the_schema_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of turns reaching a new store at once (2,000 model answers arriving together) ran the
+    schema check once per caller, each on a connection of its own: 0.7 s in which no reply went out."""
+    from gateway.store import migrations
+
+    checks = 0
+    real_check = migrations.ensure_head
+
+    async def counted(target: Any) -> None:
+        nonlocal checks
+        checks += 1
+        await real_check(target)
+
+    monkeypatch.setattr(migrations, "ensure_head", counted)
+    store = SQLSessionStore(f"sqlite+aiosqlite:///{tmp_path / 'burst.db'}")
+    try:
+        found = await asyncio.gather(*(store.get(f"s{i}") for i in range(50)))
+        assert found == [None] * 50
+        assert checks == 1
+        await store.get("s0")
+        assert checks == 1
+    finally:
+        await store.aclose()
