@@ -47,8 +47,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.postgres]
 DATABASE_TIMEOUT = 2.0  # GATEWAY_DATABASE_TIMEOUT_SECONDS of the gateway under test
 MAX_QUEUED = 8  # GATEWAY_MAX_QUEUED_WEBHOOKS
 READY_TIMEOUT = 2.0  # /readyz's own bound (gateway/web/health.py)
-# /readyz on a frozen server: its timeout, then as long again for the cancelled query (measured ~4 s).
-READY_ANSWERED_WITHIN = 2 * READY_TIMEOUT
+# /readyz on a frozen server answers at its timeout (its probe's cancelled query used to hold the answer
+# as long again: ~4 s); a second more is the loaded machine's.
+READY_ANSWERED_WITHIN = READY_TIMEOUT + 1.0
 MARGIN = 3.0  # for a loaded 2-core machine: an answer later than its bound plus this is a hang
 OUTAGE = 8.0  # seconds a stop or a crash lasts
 FREEZE = 10.0  # seconds a freeze lasts: longer than every bound on an answer, so a hang shows
@@ -250,7 +251,7 @@ def check_no_hang(run: Run) -> None:
     assert run.ready_during is not None
     assert run.ready_during.status == 503, "/readyz is not ready while the database is away"
     took = run.ready_during.seconds
-    assert took <= READY_ANSWERED_WITHIN + MARGIN, f"/readyz took {took:.1f}s"
+    assert took <= READY_ANSWERED_WITHIN, f"/readyz took {took:.1f}s"
 
 
 def check_exactly_once_in_order(run: Run) -> None:
