@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine import URL, Connection, ExceptionContext, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
@@ -115,7 +115,22 @@ def create_engine(
         # them again (TLS negotiation, authentication) took a tenth of the process's CPU under load.
         kwargs.setdefault("pool_size", pool_size)
         kwargs.setdefault("max_overflow", 0)
-    return create_async_engine(parsed, connect_args={"timeout": CONNECT_TIMEOUT_SECONDS}, **kwargs)
+    engine = create_async_engine(parsed, connect_args={"timeout": CONNECT_TIMEOUT_SECONDS}, **kwargs)
+    event.listen(engine.sync_engine, "handle_error", _drop_a_broken_driver_state)
+    return engine
+
+
+def _drop_a_broken_driver_state(context: ExceptionContext) -> None:
+    """asyncpg left mid-operation by a fault ("cannot switch to state 11; another operation is in
+    progress": an InternalClientError, seen after a terminated backend) keeps its connection open, so
+    the dialect does not call it a disconnect, and the pool lent it again: every later use failed.
+    It is one: that connection is dropped (not the pool's others). The lanes do the same
+    (store/postgres_lanes.py)."""
+    import asyncpg  # type: ignore[import-untyped]  # the postgres extra: only PostgreSQL gets here
+
+    if isinstance(context.original_exception.__cause__, asyncpg.InternalClientError):
+        context.is_disconnect = True
+        context.invalidate_pool_on_disconnect = False
 
 
 def _create_sqlite_engine(url: URL, **kwargs: Any) -> AsyncEngine:

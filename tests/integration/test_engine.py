@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import delete, func, insert, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.errors import DatabaseUnavailableError
@@ -182,3 +183,38 @@ async def test_a_store_accepts_a_plain_sqlite_url(tmp_path: Path) -> None:
     assert (await runner.run_async("s", "hello")).content == "Hello! How can I help you today?"
     await store.aclose()
     assert (tmp_path / "plain.db").is_file()
+
+
+@pytest.mark.postgres
+async def test_a_pooled_connection_left_in_a_broken_driver_state_is_replaced(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg left mid-operation ("cannot switch to state 11; another operation is in progress", an
+    InternalClientError, seen after a terminated backend) is still open, so SQLAlchemy's asyncpg
+    dialect does not count it as a disconnect and pooled it again: every later use of it failed. The
+    operation fails once; the connection is dropped, not the pool."""
+    import asyncpg
+
+    engine = create_engine(postgres_url, pool_size=1)  # one connection: a kept one would serve again
+    prepare = asyncpg.Connection.prepare
+    broken: list[int] = []
+
+    async def prepare_once_broken(self: asyncpg.Connection, query: str, **kwargs: object) -> object:
+        if not broken and "broken" in query:
+            broken.append(1)
+            raise asyncpg.InternalClientError("cannot switch to state 11; another operation is in progress")
+        return await prepare(self, query, **kwargs)
+
+    try:
+        async with engine.connect() as conn:
+            before = await conn.scalar(text("SELECT pg_backend_pid()"))
+        monkeypatch.setattr(asyncpg.Connection, "prepare", prepare_once_broken)
+        with pytest.raises(DBAPIError):
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT 1 AS broken"))
+        async with engine.connect() as conn:
+            after = await conn.scalar(text("SELECT pg_backend_pid()"))
+    finally:
+        await engine.dispose()
+    assert broken == [1]
+    assert after != before  # a fresh connection, not the one the driver left broken
