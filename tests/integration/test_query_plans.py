@@ -171,6 +171,7 @@ async def test_no_hot_statement_reads_a_whole_table(
         )
         captured.append((oldest, ("telegram:5",)))
     assert len(captured) >= 20, captured
+    assert any("FROM chatflow_sessions s WHERE" in s for s, _ in captured), "a turn loaded its session"
     offenders = []
     async with db.connect() as conn:
         for statement, parameters in captured:
