@@ -6,8 +6,8 @@ writer thread, and `on_engine`, SQLAlchemy Core on an async connection (PostgreS
 `Database.read` and `Database.write` run the spelling of the backend picked when the Database was
 built; nothing else asks which backend it is on, except four writes of the per-message path, which
 have a PostgreSQL spelling of one statement each (turns.py, postgres_ingest.py, sent_replies.py and
-leases.py's claim; docs/architecture.md says why), run on `Database.postgres`'s held connections
-(postgres_lanes.py).
+leases.py's claim; docs/architecture.md says why), and its reads of a session (sessions.py) and of a
+handed-on row (inbox.py, outbox.py), run on `Database.postgres`'s held connections (postgres_lanes.py).
 
 Why the file gets its own spelling: through SQLAlchemy and aiosqlite every cursor step is its own hop
 to the driver's thread (a turn's save took 14), which capped a store near a thousand writes per
