@@ -30,6 +30,7 @@ import itertools
 import os
 import secrets
 import socket
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -108,22 +109,30 @@ class ClaimLoop(Generic[Row]):
         # Free slots worth a claim while others are busy.
         self._claim_at = max(1, min(concurrency // 4, MAX_CLAIM_ROWS // 2))
         self._in_flight: dict[int, asyncio.Task[None]] = {}
+        self._running_sessions: Counter[str] = Counter()  # conversations with a row running here
         self._running: set[asyncio.Task[None]] = set()
         self._attached: dict[asyncio.Task[None], list[int]] = {}
         self._hints: dict[str, None] = {}  # conversations worth a look, in the order they were named
         self._scan_at = 0.0  # the loop's time when a claim looks at every due head again
         self._hints_took_rows = False  # since the last scan
+        self._hinted_before_scan: tuple[str, ...] = ()  # the hints when the running scan began
         self._handed_on: set[asyncio.Task[None]] = set()  # tasks whose conversation went on in `adopt`
         self.running = False  # while `run` runs: rows may be adopted
 
     def wake(self, sessions: Iterable[str] = ()) -> None:
         """New rows were stored in this process for `sessions`: look there now instead of at the next
         poll. Without sessions (an operator's requeue), look everywhere now."""
-        hinted = dict.fromkeys(sessions)
-        if hinted:
-            self._hints |= hinted
-        else:
+        named = tuple(sessions)
+        if not named:
             self._scan_at = 0.0
+        else:
+            # A conversation whose row runs here has its head leased to it: a claim looking there reads
+            # the head for nothing (on PostgreSQL under a held snapshot, every version the head kept).
+            # Its row's end names it again (`_finished`), or hands its next row on.
+            waiting = [session for session in named if session not in self._running_sessions]
+            if not waiting:
+                return
+            self._hints |= dict.fromkeys(waiting)
         self._wake.set()
 
     async def run(self) -> None:
@@ -185,6 +194,7 @@ class ClaimLoop(Generic[Row]):
         task = asyncio.create_task(self.process(row), name=self.name)
         self._running.add(task)
         self._in_flight[row.id] = task
+        self._running_sessions[row.session_id] += 1
         task.add_done_callback(self._running.discard)
         task.add_done_callback(functools.partial(self._finished, row.id, row.session_id))
 
@@ -213,6 +223,7 @@ class ClaimLoop(Generic[Row]):
         if now >= self._scan_at:
             self._scan_at = now + (BUSY_SCAN_SECONDS if self._hints_took_rows else IDLE_POLL_SECONDS)
             self._hints_took_rows = False
+            self._hinted_before_scan = tuple(self._hints)
             return None
         sessions = list(itertools.islice(self._hints, limit * HINTS_PER_ROW))
         for session in sessions:
@@ -225,9 +236,14 @@ class ClaimLoop(Generic[Row]):
         if any(row.session_id not in self._hints for row in claimed):
             self._scan_at = 0.0
         if len(claimed) < limit:
-            self._hints.clear()  # the scan took every due head there was
+            # The scan took every due head there was; hints named while it ran may be newer than it.
+            for session in self._hinted_before_scan:
+                self._hints.pop(session, None)
 
     def _finished(self, row_id: int, session_id: str, task: asyncio.Task[None]) -> None:
+        self._running_sessions[session_id] -= 1
+        if not self._running_sessions[session_id]:
+            del self._running_sessions[session_id]
         if task in self._handed_on:
             self._handed_on.discard(task)
         else:

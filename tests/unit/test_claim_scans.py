@@ -141,3 +141,59 @@ async def test_claims_take_bounded_batches_and_leave_no_rest_behind(waiting: int
     await run_until(loop_under_test, all_started)
     assert sorted(started) == list(range(waiting))
     assert max(limits) <= 128, limits  # ~0.1 s of turn starts at most, not the whole backlog
+
+
+async def test_a_conversation_running_here_is_looked_at_again_when_its_row_ends_not_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A message stored for a conversation whose turn runs in this process cannot be claimed before that
+    turn ends (its head is leased to it); a hinted claim looking there anyway reads the head for nothing
+    (on PostgreSQL under a held snapshot, one page per version the head kept). Its turn's end names the
+    conversation again, and a claim then takes the row. The other conversation, named while the loop's
+    scan ran, is not forgotten when that scan ends: the scan may have read before its row was stored."""
+    monkeypatch.setattr(claim_loop, "IDLE_POLL_SECONDS", 5.0)  # hinted claims only, after the first scans
+    heads: dict[str, list[Row]] = {"telegram:1": [Row(1, "telegram:1")]}  # each conversation's rows
+    leased: set[str] = set()
+    hinted: list[str] = []
+    claims = 0
+    idle = asyncio.Event()  # the scans after the first row found nothing more
+    other_done = asyncio.Event()
+    first_may_end = asyncio.Event()
+    done: list[int] = []
+    all_done = asyncio.Event()
+
+    async def claim(limit: int, sessions: Sequence[str] | None) -> list[Row]:
+        nonlocal claims
+        claims += 1
+        hinted.extend(sessions or ())
+        looked = list(heads) if sessions is None else [s for s in sessions if s in heads]
+        taken = [heads[s][0] for s in looked if heads[s] and s not in leased][:limit]
+        leased.update(row.session_id for row in taken)
+        if claims == 2:
+            idle.set()
+        return taken
+
+    async def process(row: Row) -> None:
+        if row.id == 1:
+            await first_may_end.wait()
+        heads[row.session_id].remove(row)
+        leased.discard(row.session_id)
+        done.append(row.id)
+        if row.id == 3:
+            other_done.set()
+        if len(done) == 3:
+            all_done.set()
+
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=held, release=held)
+    running = asyncio.create_task(run_until(loop_under_test, all_done))
+    await idle.wait()  # the scans have run: what is stored now can only be found by a hint
+    heads["telegram:1"].append(Row(2, "telegram:1"))  # the webhooks stored a row for each
+    heads["telegram:2"] = [Row(3, "telegram:2")]
+    loop_under_test.wake(["telegram:1", "telegram:2"])
+    async with asyncio.timeout(5):
+        await other_done.wait()  # telegram:2's row ran while telegram:1's still did
+    hinted_while_running = list(hinted)
+    first_may_end.set()
+    await running
+    assert sorted(done) == [1, 2, 3]
+    assert hinted_while_running.count("telegram:1") == 0, hinted_while_running
