@@ -1,16 +1,19 @@
 """The outbound HTTP client (httpx on aiohttp's transport) over real loopback sockets: a round trip,
-and the httpx errors callers tell apart (a refused connection is not a timeout)."""
+the httpx errors callers tell apart (a refused connection is not a timeout), and the plain path's
+answers matching httpx's own (gateway/http_client.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import socket
+from typing import Any
 
 import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.http_client import http_client
@@ -78,3 +81,70 @@ async def test_a_set_cookie_is_never_sent_back() -> None:
             second = await client.post(f"{url}/c", json={})
             assert second.json() == {"cookie": None}
             assert len(client.cookies) == 0
+
+
+async def test_a_plain_call_answers_as_httpx_does() -> None:
+    """A plain call (bytes, headers, a timeout) skips httpx's path: its answer is still a whole
+    httpx.Response, gzip decoded, naming its request, with its elapsed time and reason."""
+
+    async def gzipped(request: Request) -> Response:
+        assert request.headers["content-type"] == "application/json"
+        body = gzip.compress(b'{"ok": true, "echo": %s}' % await request.body())
+        return Response(body, 201, {"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+    with serve_in_thread(Starlette(routes=[Route("/z", gzipped, methods=["POST"])])) as url:
+        async with http_client(timeout=10) as client:
+            response = await client.post(
+                httpx.URL(f"{url}/z"), content=b"[1]", headers={"Content-Type": "application/json"}, timeout=5
+            )
+    assert response.status_code == 201
+    assert response.reason_phrase == "Created"
+    assert response.json() == {"ok": True, "echo": [1]}
+    assert response.request.url == httpx.URL(f"{url}/z")
+    assert response.elapsed.total_seconds() > 0
+
+
+async def test_a_redirect_is_answered_not_followed() -> None:
+    async def moved(request: Request) -> Response:
+        return Response(status_code=307, headers={"Location": "/elsewhere"})
+
+    with serve_in_thread(Starlette(routes=[Route("/m", moved, methods=["POST"])])) as url:
+        async with http_client(timeout=10) as client:
+            response = await client.post(f"{url}/m", content=b"{}", headers={"Authorization": "Bearer k"})
+    assert response.status_code == 307
+    assert response.headers["location"] == "/elsewhere"
+
+
+@pytest.mark.parametrize("body", [{"content": b"{}"}, {"json": {}}], ids=["plain call", "httpx's path"])
+async def test_a_proxy_from_the_environment_is_used(
+    monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
+) -> None:
+    """HTTP_PROXY set: calls go through the proxy, whichever path they take; NO_PROXY names hosts
+    reached directly."""
+    first_lines: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        first_lines.append(head.split(b"\r\n", 1)[0])
+        sizes = [
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ]
+        await reader.readexactly(sizes[0] if sizes else 0)
+        writer.write(
+            b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"via": 1}\n'
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("NO_PROXY", "direct.invalid")
+    async with server, http_client(timeout=10) as client:
+        response = await client.post("http://chatflow.invalid/x", **body)
+        with pytest.raises(httpx.ConnectError):  # not through the proxy: the name does not resolve
+            await client.post("http://direct.invalid/x", **body)
+    assert response.json() == {"via": 1}
+    assert first_lines == [b"POST http://chatflow.invalid/x HTTP/1.1"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import orjson
 import structlog
 
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, WhatsAppTarget
@@ -23,7 +24,7 @@ log = structlog.get_logger(__name__)
 class WhatsAppSender:
     def __init__(self, api_base: str, access_token: str, client: httpx.AsyncClient) -> None:
         self._api_base = api_base.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {access_token}"}
+        self._headers = {"Authorization": f"Bearer {access_token}", "Content-Type": "application/json"}
         self._client = client
 
     def __repr__(self) -> str:
@@ -47,7 +48,9 @@ class WhatsAppSender:
             body["recipient"] = target.user_id or target.chat_id  # a business-scoped user id
         url = f"{self._api_base}/{target.scope}/messages"
         try:
-            response = await self._client.post(endpoint(url), json=body, headers=self._headers)
+            response = await self._client.post(
+                endpoint(url), content=orjson.dumps(body), headers=self._headers
+            )
         except httpx.HTTPError as exc:
             raise DeliveryError(
                 f"cannot reach the Graph API ({type(exc).__name__})", permanent=False
@@ -84,7 +87,9 @@ class WhatsAppSender:
         }
         try:
             response = await self._client.post(
-                f"{self._api_base}/{scope}/messages", json=body, headers=self._headers
+                endpoint(f"{self._api_base}/{scope}/messages"),
+                content=orjson.dumps(body),
+                headers=self._headers,
             )
         except Exception as exc:  # the message of some httpx errors holds the URL; log the type only
             log.debug("typing_indicator_failed", platform="whatsapp", error=type(exc).__name__)
