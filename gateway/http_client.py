@@ -22,11 +22,10 @@ NO_PROXY), read when the client makes its first call; httpx itself ignores them 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -34,7 +33,7 @@ import aiohttp
 import httpx
 from aiohttp.helpers import ProxyInfo, proxies_from_env
 from httpx_aiohttp import AiohttpTransport
-from httpx_aiohttp.transport import map_aiohttp_exceptions
+from httpx_aiohttp.transport import AIOHTTP_EXC_MAP
 from multidict import CIMultiDict
 
 
@@ -72,7 +71,7 @@ class _Transport(AiohttpTransport):
         if proxy is not None and urllib.request.proxy_bypass(request.url.host):
             proxy = None
         started = time.perf_counter()
-        with _httpx_errors(request), map_aiohttp_exceptions():
+        try:
             async with self.client.request(
                 request.method,
                 url,
@@ -86,6 +85,11 @@ class _Transport(AiohttpTransport):
                 proxy_auth=proxy.proxy_auth if proxy else None,
             ) as answer:
                 body = await answer.read()
+        except Exception as exc:
+            error = _httpx_error(exc, request)
+            if error is None:
+                raise
+            raise error from exc
         extensions = {"http_version": b"HTTP/1.1", "reason_phrase": (answer.reason or "").encode()}
         response = httpx.Response(
             answer.status, headers=answer.raw_headers, content=body, request=request, extensions=extensions
@@ -94,24 +98,18 @@ class _Transport(AiohttpTransport):
         return response
 
 
-@contextlib.contextmanager
-def _httpx_errors(request: httpx.Request) -> Iterator[None]:
-    """The httpx error of a failed call, naming its request. httpx-aiohttp's map reports every
-    aiohttp connection error as `ConnectTimeout` (its broad ClientConnectionError entry wins over
-    the specific ones); a refused or dropped connection is a `ConnectError` here, as httpcore
-    reports it, and only real timeouts stay timeouts."""
-    try:
-        yield
-    except httpx.ConnectTimeout as exc:
-        cause = exc.__cause__
-        timed_out = isinstance(cause, asyncio.TimeoutError)
-        if isinstance(cause, aiohttp.ClientConnectionError) and not timed_out:
-            raise httpx.ConnectError(str(exc), request=request) from cause
-        exc.request = request
-        raise
-    except httpx.RequestError as exc:
-        exc.request = request
-        raise
+def _httpx_error(exc: Exception, request: httpx.Request) -> httpx.RequestError | None:
+    """The httpx error for an aiohttp one, naming its request; None for any other exception. As
+    httpx-aiohttp maps them, except that its map reports every connection error as `ConnectTimeout`
+    (its broad ClientConnectionError entry wins over the specific ones): a refused or dropped
+    connection is a `ConnectError` here, as httpcore reports it, and only real timeouts are timeouts."""
+    mapped: type[httpx.RequestError] | None = None
+    for source, target in AIOHTTP_EXC_MAP.items():
+        if isinstance(exc, source) and (mapped is None or issubclass(target, mapped)):
+            mapped = target
+    if mapped is httpx.ConnectTimeout and not isinstance(exc, asyncio.TimeoutError):
+        mapped = httpx.ConnectError
+    return None if mapped is None else mapped(str(exc), request=request)
 
 
 @functools.lru_cache(maxsize=64)
