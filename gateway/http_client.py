@@ -15,7 +15,7 @@ The client keeps no cookies: the Bot API, the Graph API and the model providers 
 Set-Cookie from one of them is not carried into later calls (nor from one host to another), and
 skipping httpx's cookie extraction saves about 0.1 ms of CPU per call.
 
-Proxies come from the environment as httpx and curl take them (HTTPS_PROXY, HTTP_PROXY, ALL_PROXY,
+Proxies come from the environment as httpx and curl take them (HTTPS_PROXY, HTTP_PROXY,
 NO_PROXY), read when the client makes its first call; httpx itself ignores them once given a transport.
 """
 
