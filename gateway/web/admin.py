@@ -4,10 +4,10 @@ Every route checks, in order: GATEWAY_ADMIN_TOKEN unset 404 (`admin_disabled`, t
 setting); the client's address locked out after 10 wrong tokens in a minute 429 with Retry-After
 (gateway.web.throttle); `Authorization: Bearer <token>` missing or wrong 401 (compared in constant
 time); body over 64 KiB 413, not in full by its deadline 408; body not JSON 400; a parameter or
-body field of the wrong type or value 422. Then: unknown session or inbox row 404, a taken session
-id or a retry of a row that is not dead 409, the database not answering 503. Every answer is JSON
-(a 204 has no body); nothing a client sends gives a 500. The OpenAPI document of all this is
-`gateway.web.openapi`.
+body field of the wrong type or value, or a query parameter the route does not know, 422. Then:
+unknown session or inbox row 404, a taken session id or a retry of a row that is not dead 409, the
+database not answering 503. Every answer is JSON (a 204 has no body); nothing a client sends gives a
+500. The OpenAPI document of all this is `gateway.web.openapi`.
 """
 
 from __future__ import annotations
@@ -158,6 +158,14 @@ def _param(request: Request, name: str) -> str | None:
     return values[0] if values else None
 
 
+def _only_params(request: Request, known: set[str]) -> None:
+    """Refuse a query parameter the route does not know (an empty name too): `?stauts=dead` must not
+    list every row."""
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise _invalid(f"unknown parameter {unknown[0][:40]!r}; known: {', '.join(sorted(known)) or 'none'}")
+
+
 def _limit(request: Request) -> int:
     raw = _param(request, "limit")
     if raw is None:
@@ -231,7 +239,9 @@ def _no_session() -> _Rejected:
 @_admin
 async def sessions_collection(request: Request, admin: Admin, database: Database) -> Response:
     if request.method == "POST":
+        _only_params(request, set())
         return await _create(request, admin, database)
+    _only_params(request, {"limit", "cursor", "platform", "q"})
     limit = _limit(request)
     cursor = _param(request, "cursor")
     after = None
@@ -278,6 +288,7 @@ async def _create(request: Request, admin: Admin, database: Database) -> Respons
 @_admin
 async def session_resource(request: Request, admin: Admin, database: Database) -> Response:
     session_id: str = request.path_params["session_id"]
+    _only_params(request, set())
     if request.method == "PUT":
         data = await _json_object(request, admin, {"title"})
         if "title" not in data:
@@ -312,6 +323,7 @@ async def session_resource(request: Request, admin: Admin, database: Database) -
 
 @_admin
 async def inbox_collection(request: Request, admin: Admin, database: Database) -> Response:
+    _only_params(request, {"status", "limit"})
     status = _param(request, "status")
     if status is not None and status not in inbox.STATUSES:
         raise _invalid(f"status must be one of {', '.join(inbox.STATUSES)}")
@@ -321,6 +333,7 @@ async def inbox_collection(request: Request, admin: Admin, database: Database) -
 
 @_admin
 async def inbox_retry(request: Request, admin: Admin, database: Database) -> Response:
+    _only_params(request, set())
     raw: str = request.path_params["inbox_id"]
     inbox_id = int(raw) if _DIGITS.fullmatch(raw) else 0
     if not 1 <= inbox_id <= inbox.MAX_ID:

@@ -4,9 +4,8 @@
 outage, `failed` those the platform refused); `POST /api/outbox/{id}/retry` requeues a dead or failed
 one and wakes delivery, so it goes out now rather than at the next poll. A row never carries the
 reply's text: that is in the session's transcript. The routes sit on admin.py's guard (token, errors,
-503) and request helpers, and follow its rules (see its docstring); besides, an unknown query
-parameter is 422 (a typo must not widen the list), and a retry of any other row is `409 not_retryable`
-with `outbox_status`.
+503) and request helpers, and follow its rules (see its docstring: an unknown query parameter is 422,
+so a typo cannot widen the list); a retry of any other row is `409 not_retryable` with `outbox_status`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from starlette.routing import Route
 from gateway.store import outbox
 from gateway.store.database import Database
 from gateway.store.outbox import OutboxItem
-from gateway.web.admin import _DIGITS, Admin, _admin, _invalid, _limit, _param, _Rejected
+from gateway.web.admin import _DIGITS, Admin, _admin, _invalid, _limit, _only_params, _param, _Rejected
 
 log = structlog.get_logger(__name__)
 
@@ -48,13 +47,6 @@ def outbox_item(item: OutboxItem) -> dict[str, Any]:
     }
 
 
-def _only_params(request: Request, known: set[str]) -> None:
-    """Refuse a parameter the route does not know: `?stauts=dead` must not list every row."""
-    unknown = sorted(set(request.query_params) - known)
-    if unknown:
-        raise _invalid(f"unknown parameter {unknown[0][:40]!r}; known: {', '.join(sorted(known))}")
-
-
 def _no_row() -> _Rejected:
     return _Rejected(404, "not_found", "no outbox row with that id")
 
@@ -71,6 +63,7 @@ async def outbox_collection(request: Request, admin: Admin, database: Database) 
 
 @_admin
 async def outbox_retry(request: Request, admin: Admin, database: Database) -> Response:
+    _only_params(request, set())
     raw: str = request.path_params["outbox_id"]
     outbox_id = int(raw) if _DIGITS.fullmatch(raw) else 0
     if not 1 <= outbox_id <= outbox.MAX_ID:

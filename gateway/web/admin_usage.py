@@ -19,8 +19,7 @@ from gateway.domain.messages import utcnow
 from gateway.domain.usage import estimated_cost
 from gateway.store import usage
 from gateway.store.database import Database
-from gateway.web.admin import _DIGITS, Admin, _admin, _invalid, _param
-from gateway.web.admin_outbox import _only_params
+from gateway.web.admin import _DIGITS, Admin, _admin, _invalid, _only_params, _param
 from gateway.web.openapi_usage import DEFAULT_DAYS, MAX_DAYS
 
 

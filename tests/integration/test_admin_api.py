@@ -90,7 +90,7 @@ async def run_sql(url: str, statement: Any, rows: Sequence[dict[str, Any]] | Non
 
 def seed_sessions(url: str, sessions: list[tuple[str, str | None, datetime]]) -> None:
     """Session rows with chosen ids, titles and updated_at (no messages)."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "session_id": session_id,
             "title": title,
@@ -300,7 +300,9 @@ def test_listing_shows_items_without_messages(url: str, client: httpx.Client) ->
 def test_pages_follow_updated_at_then_id_and_end_with_a_null_cursor(url: str, client: httpx.Client) -> None:
     now = datetime.now(UTC).replace(microsecond=123456)
     tie = now - timedelta(minutes=5)
-    seeded = [(f"telegram:{i}", f"t{i}", now - timedelta(minutes=i)) for i in range(8)]
+    seeded: list[tuple[str, str | None, datetime]] = [
+        (f"telegram:{i}", f"t{i}", now - timedelta(minutes=i)) for i in range(8)
+    ]
     seeded += [(f"whatsapp:tie{i}", None, tie) for i in range(4)]  # same updated_at: the id decides
     seed_sessions(url, seeded)
     expected = [sid for sid, _, at in sorted(seeded, key=lambda s: (s[2], s[0]), reverse=True)]
@@ -742,3 +744,38 @@ def test_usage_routes_check_their_parameters(base: str, client: httpx.Client) ->
         assert answer.json()["error"] == "invalid_request"
     assert client.get("/api/usage/sessions/telegram:1", params={"x": "1"}).status_code == 422
     assert httpx.get(f"{base}/api/usage").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/sessions?limit=1"),
+        ("POST", "/api/sessions?"),
+        ("GET", "/api/sessions/cli:x?"),
+        ("PUT", "/api/sessions/cli:x?"),
+        ("DELETE", "/api/sessions/cli:x?"),
+        ("GET", "/api/inbox?limit=1"),
+        ("POST", "/api/inbox/1/retry?"),
+        ("GET", "/api/outbox?limit=1"),
+        ("POST", "/api/outbox/1/retry?"),
+        ("GET", "/api/usage?days=1"),
+        ("GET", "/api/usage/sessions/cli:x?"),
+    ],
+)
+@pytest.mark.parametrize("extra", ["stauts=dead", "=null", "&"], ids=["typo", "empty name", "empty"])
+def test_a_query_parameter_a_route_does_not_know_is_422(
+    client: httpx.Client, method: str, path: str, extra: str
+) -> None:
+    """Every route: a typo must not widen a list or be ignored, an empty name neither (schemathesis
+    found `GET /api/inbox?limit=1&=null` answered 200). A bare `&` names no parameter."""
+    assert client.post("/api/sessions", json={"session_id": "cli:x"}).status_code == 201
+    body = {"title": "t"} if method == "PUT" else ({} if method == "POST" else None)
+    answer = client.request(method, f"{path}&{extra}", json=body)
+    if extra == "&":
+        assert answer.status_code != 422 or "unknown parameter" not in answer.text
+        return
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"] == "invalid_request"
+    assert "unknown parameter" in answer.json()["detail"]
+    assert client.get("/api/sessions/cli:x").status_code == 200  # nothing was deleted or renamed
+    assert client.get("/api/sessions/cli:x").json()["title"] is None
