@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 import uvicorn
@@ -75,7 +75,9 @@ def gateway_env(**settings: str) -> dict[str, str]:
     return env
 
 
-def wait_until(condition: Callable[[], T], what: str, timeout: float = 60, interval: float = 0.05) -> T:
+def wait_until(
+    condition: Callable[[], T | Literal[False] | None], what: str, timeout: float = 60, interval: float = 0.05
+) -> T:
     """Call `condition` until it returns something truthy and return that; fail the test at the deadline.
 
     For waiting on another process or thread: the deadline is generous, the condition decides.

@@ -53,10 +53,12 @@ class Kit:
     handshakes: tuple[HandshakeCase, ...] = ()
 
     def webhook_settings(self) -> PlatformSettings:
-        return self.spec.settings(**self.webhook_values)
+        settings: PlatformSettings = self.spec.settings(**self.webhook_values)
+        return settings
 
     def sending_settings(self, api_base: str) -> PlatformSettings:
-        return self.spec.settings(**self.sending_values(api_base))
+        settings: PlatformSettings = self.spec.settings(**self.sending_values(api_base))
+        return settings
 
 
 def _telegram_error(status: int, description: str, **parameters: Any) -> ScriptedResponse:

@@ -10,7 +10,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from gateway.domain.inbound import DEFAULT_TURN_KINDS, MessageKind, ParsedUpdate, agent_text, starts_turn
 from gateway.platforms.base import PlatformAdapter
@@ -64,8 +64,10 @@ def cell(text: str) -> str:
 
 
 def example_row(
-    name: str, platform: str, adapter: PlatformAdapter, matches: Callable[[Any], bool], fallback: Row
+    name: str, platform: str, adapter: PlatformAdapter, matches: Callable[..., bool], fallback: Row
 ) -> Row:
+    # `matches` is called with a payload. Typed `Callable[..., bool]`, not `Callable[[Any], bool]`: mypy
+    # cannot infer a lambda binding a loop value as a default (`lambda p, u=update: ...`) against the latter.
     for path, payload in payloads(platform):
         if matches(payload):
             return (f"`{name}`", *outcome(adapter.parse(payload)), f"`{path}`")
@@ -234,7 +236,10 @@ def test_the_document_matches_what_the_adapters_do() -> None:
         rendered = render()
         if found.group(2) != rendered:
             stale.append(name)
-            document = _section(name).sub(lambda m, r=rendered: m.group(1) + r + m.group(3), document)
+            document = _section(name).sub(
+                cast(Callable[[re.Match[str]], str], lambda m, r=rendered: m.group(1) + r + m.group(3)),
+                document,
+            )
     if WRITE:
         DOC.write_text(document, encoding="utf-8")
         return

@@ -18,7 +18,7 @@ BIN = Path(sys.executable).parent
     [
         ["ruff", "check", "gateway", "migrations", "tests"],
         ["ruff", "format", "--check", "gateway", "migrations", "tests"],
-        ["mypy", "gateway"],
+        ["mypy", "gateway", "tests"],
         ["lint-imports"],
     ],
     ids=["ruff-check", "ruff-format", "mypy-strict", "import-linter"],

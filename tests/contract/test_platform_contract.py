@@ -24,7 +24,7 @@ from sqlalchemy import insert, select
 from gateway.app import create_app
 from gateway.bootstrap import build_pacing
 from gateway.cli import main
-from gateway.domain.inbound import InboundMessage
+from gateway.domain.inbound import InboundMessage, MembershipChange, StatusUpdate
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget
 from gateway.platforms.base import DeliveryError
 from gateway.platforms.registry import PLATFORMS, by_name
@@ -37,7 +37,7 @@ from gateway.store.tables import InboxRow, OutboxRow
 from gateway.worker.outbound import OutboxDelivery
 from tests.fakes import FakePlatform
 from tests.helpers import free_port, serve_in_thread, wait_until
-from tests.platform_kits import ALL_PLATFORMS, KITS, SECRET
+from tests.platform_kits import ALL_PLATFORMS, KITS, SECRET, Outcome
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 SPECS = [pytest.param(spec, id=spec.name) for spec in ALL_PLATFORMS]
@@ -134,12 +134,15 @@ def test_fixtures_parse_into_the_platforms_own_messages(spec: PlatformSpec[Any],
     assert adapter.verify_headers(kit.sign(body))
     assert not adapter.verify_headers({})
     parsed = adapter.parse(json.loads(body))
-    keys = [item.dedup_key for item in (*parsed.messages, *parsed.statuses, *parsed.memberships)]
+    items: tuple[InboundMessage | StatusUpdate | MembershipChange, ...] = (
+        *parsed.messages,
+        *parsed.statuses,
+        *parsed.memberships,
+    )
+    keys = [item.dedup_key for item in items]
     assert all(keys)
     assert len(set(keys)) == len(keys)
-    assert {item.platform for item in (*parsed.messages, *parsed.statuses, *parsed.memberships)} <= {
-        spec.name
-    }
+    assert {item.platform for item in items} <= {spec.name}
     for message in parsed.messages:
         assert message.session_id.startswith(f"{spec.name}:")
         # As the inbox row keeps it and the worker's claim reads it back.
@@ -300,7 +303,8 @@ async def test_delivery_reads_the_rows_target_with_the_spec_and_records_the_answ
                     platforms=ALL_PLATFORMS,
                 )
                 outcomes = []
-                for n, outcome in enumerate(("ok", "throttled", "refused")):
+                scripted: tuple[Outcome, ...] = ("ok", "throttled", "refused")
+                for n, outcome in enumerate(scripted):
                     fake.answers.append(kit.answers[outcome])
                     # One conversation (and chat) each: a row waiting for its retry holds back only its own.
                     target = replace(kit.target, chat_id=f"{kit.target.chat_id}{n}")

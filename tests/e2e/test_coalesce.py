@@ -51,7 +51,7 @@ def test_a_burst_of_messages_gets_one_reply(
     }
     headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    with serve_process(tmp_path, **settings) as served:
+    with serve_process(tmp_path, **settings) as served:  # type: ignore[arg-type]
         for number, text in enumerate(BURST, start=1):  # a moment apart, well within the window
             answer = httpx.post(
                 f"{served.base}/webhooks/telegram", json=update(number, text), headers=headers

@@ -139,7 +139,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Corpus]:
             "GATEWAY_LOCAL_KEY_FILE": "",
             "GATEWAY_LOG_LEVEL": "warning",
         }
-        with serve_process(cwd, **settings) as served:
+        with serve_process(cwd, **settings) as served:  # type: ignore[arg-type]
             posted = Corpus(served, cwd / "gateway.db")
             try:
                 yield posted

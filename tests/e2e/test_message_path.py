@@ -649,8 +649,8 @@ def test_distinct_messages_each_sent_to_two_processes_are_answered_once_in_order
         conversations.append((user.address, user.session_id, numbers, steps))
 
     # The next message of a conversation is sent once both processes answered the previous one.
-    for steps in fire_in_order([steps for _, _, _, steps in conversations]):
-        for pair in steps:
+    for answered in fire_in_order([steps for _, _, _, steps in conversations]):
+        for pair in answered:
             assert_ok(pair)
             assert sorted(r.json()["new"] for r in pair) == [0, 1]  # one process stored it
 

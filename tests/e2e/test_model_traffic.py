@@ -50,7 +50,7 @@ def test_an_outage_gets_one_holding_reply_then_the_answer_and_usage_is_counted(
         "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN,
         "GATEWAY_MODEL_PRICES": '{"openai:gpt-test": [1000000, 2000000]}',
     }
-    with serve_process(tmp_path, **settings) as served:
+    with serve_process(tmp_path, **settings) as served:  # type: ignore[arg-type]
         answer = httpx.post(
             f"{served.base}/webhooks/telegram",
             json=update(1, "Where is order 1001?"),

@@ -143,7 +143,7 @@ def test_group_round_trips_after_get_me_at_start_up(
         [{"type": "bot_command", "offset": 0, "length": 19}],
     )
     settings = gateway_settings(tmp_path, base)
-    with serve_process(tmp_path, **settings) as served:
+    with serve_process(tmp_path, **settings) as served:  # type: ignore[arg-type]
 
         def identity_known() -> dict[str, Any] | None:
             return next((e for e in served.events() if e["event"] == "telegram_bot_identity"), None)
@@ -195,7 +195,7 @@ def test_the_setting_stands_in_where_the_bot_api_is_unreachable_at_start(
     fake.errors["getMe"] = (500, {"error_code": 500, "description": "Internal Server Error"})
     settings = gateway_settings(tmp_path, base, GATEWAY_TELEGRAM_BOT_USERNAME=f"@{BOT_USERNAME}")
     update = group_message(910001, -1001000000011, f"@{BOT_USERNAME} order 7111", mention(f"@{BOT_USERNAME}"))
-    with serve_process(tmp_path, **settings) as served:
+    with serve_process(tmp_path, **settings) as served:  # type: ignore[arg-type]
         assert post(served, update).status_code == 200
         [call] = wait_until(lambda: fake.calls("sendMessage"), "the reply at the fake Bot API", DEADLINE)
         events = served.events()

@@ -6,9 +6,10 @@ import asyncio
 import signal
 import subprocess
 import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy import insert, select, update
@@ -19,6 +20,7 @@ from gateway.store.tables import InboxRow, MessageRow, OutboxRow
 from tests.helpers import GATEWAY, gateway_env
 
 pytestmark = pytest.mark.e2e
+T = TypeVar("T")
 
 # An agent whose model hangs while the file `block` exists in the working directory.
 BLOCKING_AGENT = """
@@ -35,7 +37,7 @@ agent = Agent("Blocking", "b", model=Blocking())
 """
 
 
-def run(coro: Any) -> Any:
+def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -58,8 +59,8 @@ def test_the_served_document_is_the_one_tested(base: str) -> None:
 
 @schema.parametrize()
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # one server serves every example
-def test_the_admin_api_keeps_to_its_openapi_document(case: schemathesis.Case, base: str) -> None:
-    excluded = []
+def test_the_admin_api_keeps_to_its_openapi_document(case: schemathesis.Case[Any], base: str) -> None:
+    excluded: list[schemathesis.CheckFunction] = []
     if case.path == "/api/sessions" and case.method == "GET" and "cursor" in (case.query or {}):
         # A cursor is opaque: any string fits its schema, but only one this API made is accepted (422).
         excluded.append(positive_data_acceptance)

@@ -193,7 +193,7 @@ async def test_a_pooled_connection_left_in_a_broken_driver_state_is_replaced(
     InternalClientError, seen after a terminated backend) is still open, so SQLAlchemy's asyncpg
     dialect does not count it as a disconnect and pooled it again: every later use of it failed. The
     operation fails once; the connection is dropped, not the pool."""
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type hints
 
     engine = create_engine(postgres_url, pool_size=1)  # one connection: a kept one would serve again
     prepare = asyncpg.Connection.prepare

@@ -220,7 +220,11 @@ async def test_upgrading_with_a_backlog_gives_every_waiting_conversation_its_que
     try:
         await migrations.upgrade(db, "0006")
         later = datetime.now(UTC) + timedelta(minutes=5)
-        rows = [("a", "pending", None, None), ("a", "pending", None, None), ("b", "done", None, None)]
+        rows: list[tuple[str, str, str | None, datetime | None]] = [
+            ("a", "pending", None, None),
+            ("a", "pending", None, None),
+            ("b", "done", None, None),
+        ]
         rows += [
             ("b", "pending", None, None),
             ("c", "pending", "holder", later),

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict, Unpack
 
 import pytest
 from sqlalchemy import select
@@ -203,10 +204,18 @@ async def test_a_waiting_turn_keeps_its_lease_and_gives_it_back_when_cancelled(
     assert [row.id for row in await other.claim(10)] != []
 
 
+class BudgetLimits(TypedDict, total=False):
+    """ProviderBudget's limits, as keywords."""
+
+    max_concurrency: int
+    rpm: int
+    tpm: int
+
+
 class WatchedBudget(ProviderBudget):
     """A budget that says when a call arrives at it."""
 
-    def __init__(self, name: str, **limits: int) -> None:
+    def __init__(self, name: str, **limits: Unpack[BudgetLimits]) -> None:
         super().__init__(name, **limits)
         self.arrived = asyncio.Event()
 

@@ -88,7 +88,7 @@ async def test_a_driver_left_in_a_broken_state_costs_one_statement_and_its_conne
     "cannot switch to state 11; another operation (2) is in progress", an InternalClientError, which
     is neither a PostgresError nor an InterfaceError). That connection serves nothing again: the lane
     must drop it and the caller must see the unavailable error, as for any lost connection."""
-    import asyncpg
+    import asyncpg  # type: ignore[import-untyped]  # asyncpg ships no type hints
 
     lanes = PostgresLanes(db.engine, 1, 5.0)  # one lane: every statement runs on its connection
     fetch = asyncpg.Connection.fetch
@@ -98,7 +98,8 @@ async def test_a_driver_left_in_a_broken_state_costs_one_statement_and_its_conne
         if not broken:
             broken.append(1)
             raise asyncpg.InternalClientError("cannot switch to state 11; another operation is in progress")
-        return await fetch(self, query, *args)
+        rows: list[object] = await fetch(self, query, *args)
+        return rows
 
     try:
         before = (await lanes.fetch(BACKEND_PID, {}))[0][0]

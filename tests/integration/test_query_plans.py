@@ -187,9 +187,11 @@ async def test_no_hot_statement_reads_a_whole_table(
     assert len(hinted_claims) == 2, hinted_claims
     async with db.connect() as conn:
         for statement, parameters in hinted_claims:
-            plan = " ".join(row[0] for row in await conn.exec_driver_sql("EXPLAIN " + statement, parameters))
-            assert "pk_chatflow_queue_heads" in plan, plan
-            assert "ix_chatflow_queue_heads_due" not in plan, plan
+            plan_text = " ".join(
+                row[0] for row in await conn.exec_driver_sql("EXPLAIN " + statement, parameters)
+            )
+            assert "pk_chatflow_queue_heads" in plan_text, plan_text
+            assert "ix_chatflow_queue_heads_due" not in plan_text, plan_text
     # The check itself sees a whole-table read.
     async with db.connect() as conn:
         plan = await conn.exec_driver_sql("EXPLAIN SELECT id FROM chatflow_inbox WHERE text = 'x'")

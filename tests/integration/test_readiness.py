@@ -124,6 +124,7 @@ def _drop_connections(name: str) -> None:
 def test_readyz_is_503_while_postgres_is_read_only(postgres_url: str) -> None:
     asyncio.run(_migrate(postgres_url))
     name = make_url(postgres_url).database
+    assert name is not None
     settings = gateway_settings(database_url=postgres_url, telegram_secret_token=TG_SECRET)
     with serve_in_thread(create_app(settings)) as base:
         assert httpx.get(f"{base}/readyz").status_code == 200

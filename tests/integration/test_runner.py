@@ -6,7 +6,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -237,7 +237,7 @@ async def test_concurrent_turns_from_two_processes_are_serialized(
     await store.aclose()
     assert stored is not None
     assert_complete_echo_turns(stored.history, 20)
-    assert sorted(m.position for m in stored.history) == list(range(40))
+    assert sorted(cast(int, m.position) for m in stored.history) == list(range(40))
 
 
 async def test_a_turn_on_a_session_deleted_meanwhile_fails_and_writes_nothing(

@@ -47,7 +47,7 @@ async def test_replies_recorded_together_each_written_only_while_its_owner_holds
     owners = ["me"] * 30 + ["other"] * 5 + ["me"] * 5
     ids = await add_leased(database, owners)
     recorder = SentReplies(database)
-    results = await asyncio.gather(
+    results: list[int] = await asyncio.gather(
         *(
             recorder.record(row_id, "me", "sent" if n % 2 else "dry_run", f"m{n}" if n % 2 else None)
             for n, row_id in enumerate(ids)

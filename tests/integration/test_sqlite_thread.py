@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -21,7 +23,7 @@ async def thread(tmp_path: Path) -> SQLiteThread:
     return made
 
 
-def blocker(started: threading.Event, release: threading.Event) -> object:
+def blocker(started: threading.Event, release: threading.Event) -> Callable[[sqlite3.Connection], None]:
     """A call that holds the thread until the test releases it."""
 
     def work(conn: sqlite3.Connection) -> None:
@@ -31,7 +33,7 @@ def blocker(started: threading.Event, release: threading.Event) -> object:
     return work
 
 
-def recorder(order: list[str], name: str) -> object:
+def recorder(order: list[str], name: str) -> Callable[[sqlite3.Connection], str]:
     def work(conn: sqlite3.Connection) -> str:
         order.append(name)
         return name
@@ -41,7 +43,7 @@ def recorder(order: list[str], name: str) -> object:
 
 async def hold(thread: SQLiteThread) -> tuple[asyncio.Future[None], threading.Event]:
     started, release = threading.Event(), threading.Event()
-    held: asyncio.Future[None] = thread.submit(blocker(started, release))  # type: ignore[arg-type]
+    held: asyncio.Future[None] = thread.submit(blocker(started, release))
     assert await asyncio.to_thread(started.wait, 30)
     return held, release
 
@@ -49,8 +51,8 @@ async def hold(thread: SQLiteThread) -> tuple[asyncio.Future[None], threading.Ev
 async def test_calls_run_in_order_and_urgent_ones_go_first(thread: SQLiteThread) -> None:
     held, release = await hold(thread)
     order: list[str] = []
-    ordinary = [thread.submit(recorder(order, f"ordinary{i}")) for i in range(3)]  # type: ignore[arg-type]
-    urgent = [thread.submit(recorder(order, f"urgent{i}"), urgent=True) for i in range(2)]  # type: ignore[arg-type]
+    ordinary = [thread.submit(recorder(order, f"ordinary{i}")) for i in range(3)]
+    urgent = [thread.submit(recorder(order, f"urgent{i}"), urgent=True) for i in range(2)]
     release.set()
     await asyncio.gather(held, *ordinary, *urgent)
     assert order == ["urgent0", "urgent1", "ordinary0", "ordinary1", "ordinary2"]
@@ -65,8 +67,8 @@ async def test_an_ordinary_call_that_waited_long_enough_goes_first(
     held, release = await hold(thread)
     order: list[str] = []
     calls = [
-        thread.submit(recorder(order, "ordinary"), urgent=False),  # type: ignore[arg-type]
-        thread.submit(recorder(order, "urgent"), urgent=True),  # type: ignore[arg-type]
+        thread.submit(recorder(order, "ordinary"), urgent=False),
+        thread.submit(recorder(order, "urgent"), urgent=True),
     ]
     release.set()
     await asyncio.gather(held, *calls)
@@ -102,8 +104,8 @@ async def test_writes_commit_or_roll_back_and_errors_reach_the_caller(thread: SQ
 async def test_a_call_cancelled_before_it_began_never_runs(thread: SQLiteThread) -> None:
     held, release = await hold(thread)
     order: list[str] = []
-    cancelled = thread.submit(recorder(order, "cancelled"))  # type: ignore[arg-type]
-    kept = thread.submit(recorder(order, "kept"))  # type: ignore[arg-type]
+    cancelled = thread.submit(recorder(order, "cancelled"))
+    kept = thread.submit(recorder(order, "kept"))
     cancelled.cancel()
     release.set()
     await asyncio.gather(held, kept)
@@ -114,7 +116,12 @@ async def test_a_call_cancelled_before_it_began_never_runs(thread: SQLiteThread)
 async def test_close_runs_what_was_submitted_then_refuses_more(thread: SQLiteThread) -> None:
     held, release = await hold(thread)
     writes = [
-        thread.submit_write(lambda conn, i=i: conn.execute("INSERT INTO t VALUES (?)", (str(i),)))
+        thread.submit_write(
+            cast(
+                Callable[[sqlite3.Connection], sqlite3.Cursor],
+                lambda conn, i=i: conn.execute("INSERT INTO t VALUES (?)", (str(i),)),
+            )
+        )
         for i in range(20)
     ]
     release.set()

@@ -16,6 +16,7 @@ import structlog
 import structlog.testing
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
+from structlog.typing import EventDict, WrappedLogger
 
 from gateway.log_safety import MAX_LINE_BYTES
 from gateway.logs import REDACTED, configure_logging
@@ -82,7 +83,7 @@ def test_events_below_the_level_are_dropped_before_any_processor(capsys: pytest.
     configure_logging("warning", "json")
     seen: list[str] = []
 
-    def spy(logger: object, method: str, event_dict: dict[str, object]) -> dict[str, object]:
+    def spy(logger: WrappedLogger, method: str, event_dict: EventDict) -> EventDict:
         seen.append(str(event_dict["event"]))
         return event_dict
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from gateway.worker.pacing import Pacer, interval
@@ -76,6 +78,6 @@ def test_limits_per_platform_and_chat_kind() -> None:
     ]
     assert limits.limits("telegram", TelegramTarget(chat_id="-100123"))[0] == ("telegram:chat:-100123", 3.0)
     assert limits.limits("whatsapp", WhatsAppTarget(chat_id="US.1")) == [
-        ("whatsapp:global", pytest.approx(1 / 80))
+        ("whatsapp:global", cast(object, pytest.approx(1 / 80)))
     ]
     assert limits.limits("elsewhere", WhatsAppTarget(chat_id="US.1")) == []  # no rule: not paced
