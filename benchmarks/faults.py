@@ -25,6 +25,9 @@ run waits up to `--drain` seconds for every acknowledged message to be answered,
 
 The scenarios are short so the whole run takes a few minutes; a long fault (the issue's 10-minute
 platform outage, within delivery's 24-hour retry budget) needs `--outage 600` and the matching `--drain`.
+
+The report replaces the generated part of `--output` only: the sections written by hand below it (from
+its first `## ` heading on: long runs, earlier results) are kept.
 """
 
 from __future__ import annotations
@@ -511,6 +514,16 @@ frozen, crashed) are also asserted, not only counted, by `tests/e2e/test_postgre
 """
 
 
+def kept_sections(path: Path) -> str:
+    """What `path` holds from its first `## ` heading on: the hand-written sections the generated
+    report (which has none) must not overwrite. Empty when the file is new."""
+    if not path.exists():
+        return ""
+    old = path.read_text(encoding="utf-8")
+    start = old.find("\n## ")
+    return "" if start < 0 else old[start:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -560,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, args, time.monotonic() - started)
     print(table(results))
     if not args.no_write:
-        args.output.write_text(text, encoding="utf-8")
+        args.output.write_text(text + kept_sections(args.output), encoding="utf-8")
         log(f"written to {args.output}")
     return 0
 
