@@ -133,7 +133,6 @@ class _Client(httpx.AsyncClient):
         super().__init__(transport=transport, **options)
         self._kept_no_cookies = _NoCookies()
         self._sender = transport
-        self._default_headers = CIMultiDict(self.headers.multi_items())
 
     async def request(
         self,
@@ -157,7 +156,7 @@ class _Client(httpx.AsyncClient):
                 follow_redirects=follow_redirects,
                 **others,
             )
-        sent = self._default_headers.copy()
+        sent = CIMultiDict(self.headers.multi_items())  # the client's, as they are now
         if headers:
             sent.update(headers)
         waits = self.timeout if timeout is httpx.USE_CLIENT_DEFAULT else httpx.Timeout(timeout)

@@ -89,11 +89,13 @@ async def test_a_plain_call_answers_as_httpx_does() -> None:
 
     async def gzipped(request: Request) -> Response:
         assert request.headers["content-type"] == "application/json"
+        assert request.headers["user-agent"] == "chatflow-test"  # the client's headers, set after it was made
         body = gzip.compress(b'{"ok": true, "echo": %s}' % await request.body())
         return Response(body, 201, {"Content-Encoding": "gzip", "Content-Type": "application/json"})
 
     with serve_in_thread(Starlette(routes=[Route("/z", gzipped, methods=["POST"])])) as url:
         async with http_client(timeout=10) as client:
+            client.headers["User-Agent"] = "chatflow-test"
             response = await client.post(
                 httpx.URL(f"{url}/z"), content=b"[1]", headers={"Content-Type": "application/json"}, timeout=5
             )
