@@ -46,7 +46,11 @@ MODEL_TIMEOUT_SECONDS = 60  # each attempt of a model call
 # on the SQLite writer thread, which then waits for it while the event loop runs, up to a whole
 # interval per statement. 1 ms gave ~15% more acks/s.
 SWITCH_INTERVAL_SECONDS = 0.001
-GC_THRESHOLDS = (10_000, 20, 20)  # Python's defaults are (700, 10, 10)
+# Python's defaults are (700, 10, 10). A collection of the middle generation walks every object that
+# outlived a young one: with 2,000 turns waiting seconds on a model, their tasks, requests and
+# connections, 60-110 ms at a time, most of them then alive; a hundred young collections between two
+# (20 before) let most of them end first: 112 -> 28 ms of collections in a 5 s model run.
+GC_THRESHOLDS = (10_000, 100, 10)
 
 log = structlog.get_logger("gateway.bootstrap")
 
