@@ -97,7 +97,6 @@ class _BareConnection(asyncio.Protocol):
 async def _caller(kind: str, url: str) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
     """A call of this kind, and how to close what it opened."""
     if kind == "gateway":
-        sys.path.insert(0, ".")
         from gateway.http_client import endpoint, http_client
 
         client = http_client(30.0, 200)
