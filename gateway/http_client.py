@@ -1,15 +1,15 @@
 """The HTTP client of every outbound call: platforms, model providers and the CLI.
 
-It is httpx's API on aiohttp: with 16 calls in flight, httpcore's own transport cost about 0.75 ms of
-CPU per call here and aiohttp's about 0.19 ms, and delivery makes one call per reply. aiohttp's
-session comes from httpx-aiohttp's transport; every request is sent and its answer read whole here.
+It is httpx's API on two senders. A call that needs no proxy (all of them, unless HTTPS_PROXY or
+HTTP_PROXY names one for its host) goes on the gateway's own HTTP/1.1 connections (gateway/http_wire.py:
+51 us of CPU a call here, against 93 for aiohttp alone and 159 for this client on aiohttp, 64 calls in
+flight on loopback, benchmarks/http_client_cost.py); a proxied call, or a HEAD, goes through aiohttp's
+session from httpx-aiohttp's transport. Either way the answer is read whole (nothing here streams)
+and comes back as an httpx.Response, an encoded body decoded by httpx.
 
 A plain call (bytes or no body, headers, a timeout; no auth, redirect following, query, files or
-event hooks) skips httpx's request building and its auth and redirect flows, and comes back as an
-httpx.Response all the same: httpx's path cost about 140 us of CPU a call over aiohttp's own (290
-against 150 us, 64 calls in flight on loopback), and a turn at model latency makes two calls (the
-model, the reply). Any other call takes httpx's whole path to the same sender. Answers are read
-whole (nothing here streams): a streamed httpx response would be read before it is handed back.
+event hooks) skips httpx's request building and its auth and redirect flows: a turn at model latency
+makes two calls (the model, the reply). Any other call takes httpx's whole path to the same senders.
 
 The client keeps no cookies: the Bot API, the Graph API and the model providers are stateless, so a
 Set-Cookie from one of them is not carried into later calls (nor from one host to another), and
@@ -25,7 +25,7 @@ import asyncio
 import functools
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -36,11 +36,19 @@ from httpx_aiohttp import AiohttpTransport
 from httpx_aiohttp.transport import AIOHTTP_EXC_MAP
 from multidict import CIMultiDict
 
+from gateway.http_wire import Pool
+
+_UNREAD = httpx.ByteStream(b"")  # a plain call's httpx.Request stands for it; its body is sent apart
+
 
 class _Transport(AiohttpTransport):
-    """Sends every request through aiohttp (see the module's docstring)."""
+    """Sends each request on the gateway's own connections or through aiohttp (the module's docstring)."""
 
     _proxies: dict[str, ProxyInfo] | None = None
+
+    def __init__(self, *, limits: httpx.Limits) -> None:
+        super().__init__(limits=limits)
+        self._wire = Pool(limits.max_connections or 100, limits.keepalive_expiry or 0.0, self.ssl_context)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """The end of httpx's whole path."""
@@ -62,19 +70,34 @@ class _Transport(AiohttpTransport):
         self, request: httpx.Request, headers: CIMultiDict[str], content: bytes | None, waits: httpx.Timeout
     ) -> httpx.Response:
         """`request` with these headers and body, its answer read whole."""
-        if not isinstance(self.client, aiohttp.ClientSession):
-            self.client = self.get_client()
         if self._proxies is None:
             self._proxies = proxies_from_env()
-        url = str(request.url)
         proxy = self._proxies.get(request.url.scheme) if self._proxies else None
         if proxy is not None and urllib.request.proxy_bypass(request.url.host):
             proxy = None
         started = time.perf_counter()
+        if proxy is None and request.method != "HEAD":  # HEAD: an answer whose length is no body's
+            answer = await self._wire.send(request, list(headers.items()), content, waits)
+            response = _response(answer.status, answer.headers, answer.body, request, {})
+        else:
+            response = await self._send_by_aiohttp(request, headers, content, waits, proxy)
+        response.elapsed = timedelta(seconds=time.perf_counter() - started)
+        return response
+
+    async def _send_by_aiohttp(
+        self,
+        request: httpx.Request,
+        headers: CIMultiDict[str],
+        content: bytes | None,
+        waits: httpx.Timeout,
+        proxy: ProxyInfo | None,
+    ) -> httpx.Response:
+        if not isinstance(self.client, aiohttp.ClientSession):
+            self.client = self.get_client()
         try:
             async with self.client.request(
                 request.method,
-                url,
+                str(request.url),
                 headers=headers,
                 data=content,
                 allow_redirects=False,
@@ -91,11 +114,32 @@ class _Transport(AiohttpTransport):
                 raise
             raise error from exc
         extensions = {"http_version": b"HTTP/1.1", "reason_phrase": (answer.reason or "").encode()}
-        response = httpx.Response(
-            answer.status, headers=answer.raw_headers, content=body, request=request, extensions=extensions
-        )
-        response.elapsed = timedelta(seconds=time.perf_counter() - started)
-        return response
+        return _response(answer.status, answer.raw_headers, body, request, extensions)
+
+    async def aclose(self) -> None:
+        await self._wire.aclose()
+        if isinstance(self.client, aiohttp.ClientSession):
+            await super().aclose()
+
+
+def _response(
+    status: int,
+    headers: Sequence[tuple[bytes, bytes]],
+    body: bytes,
+    request: httpx.Request,
+    extensions: dict[str, Any],
+) -> httpx.Response:
+    """The answer as an httpx.Response, already read. An encoded body goes through httpx's decoders;
+    any other is taken as it is, which skips httpx's stream machinery (about 20 us a call here)."""
+    response = httpx.Response(
+        status, headers=headers, stream=httpx.ByteStream(body), request=request, extensions=extensions
+    )
+    if "content-encoding" in response.headers:
+        response.read()
+    else:
+        response._content = body  # what read() would leave, as read() leaves it
+        response.is_stream_consumed = response.is_closed = True
+    return response
 
 
 def _httpx_error(exc: Exception, request: httpx.Request) -> httpx.RequestError | None:
@@ -160,7 +204,7 @@ class _Client(httpx.AsyncClient):
         if headers:
             sent.update(headers)
         waits = self.timeout if timeout is httpx.USE_CLIENT_DEFAULT else httpx.Timeout(timeout)
-        return await self._sender.send(httpx.Request(method, target), sent, content, waits)
+        return await self._sender.send(httpx.Request(method, target, stream=_UNREAD), sent, content, waits)
 
     def _plain(self, url: httpx.URL, content: Any, follow_redirects: Any, others: Mapping[str, Any]) -> bool:
         """Whether httpx's path would add nothing to this call but its cost. A base URL only joins
