@@ -15,12 +15,13 @@ kept-alive connection the server dropped unnoticed fails the call, as aiohttp do
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import re
 import select
 import socket
 import ssl
 from dataclasses import dataclass, field
-from typing import TypeAlias, cast
+from typing import Any, TypeAlias, cast
 
 import httptools
 import httpx
@@ -188,7 +189,7 @@ class Pool:
     keepalive_s: float
     tls: ssl.SSLContext
     _idle: dict[Origin, list[_Connection]] = field(default_factory=dict)
-    _addresses: dict[tuple[str, int], tuple[float, list[tuple[str, int]]]] = field(default_factory=dict)
+    _addresses: dict[tuple[str, int], tuple[float, asyncio.Future[list[Any]]]] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
 
     async def send(
@@ -200,6 +201,8 @@ class Pool:
     ) -> Answer:
         """`request` sent with these headers (the Host and Content-Length are added) and body."""
         url = request.url
+        if url.scheme not in _DEFAULT_PORTS:
+            raise httpx.UnsupportedProtocol(f"{url.scheme!r} is not HTTP or HTTPS", request=request)
         origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[url.scheme])
         head = _head(request.method, url, headers, content)
         if self._slots is None:
@@ -283,14 +286,26 @@ class Pool:
         raise httpx.ConnectError(str(last or f"{host} has no address"), request=request) from last
 
     async def _resolve(self, host: str, port: int) -> list[tuple[str, int]]:
-        now = asyncio.get_running_loop().time()
+        """The host's addresses: an IP address as it is; a name looked up once for every call that
+        needs it meanwhile (2,000 new connections at once make one lookup, not 2,000), then cached."""
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:
+            return [(host, port)]
+        loop = asyncio.get_running_loop()
         cached = self._addresses.get((host, port))
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = list(dict.fromkeys((str(info[4][0]), int(info[4][1])) for info in infos))
-        self._addresses[(host, port)] = (now + DNS_CACHE_S, addresses)
-        return addresses
+        if cached is None or cached[0] <= loop.time():
+            lookup = asyncio.ensure_future(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+            cached = self._addresses[(host, port)] = (loop.time() + DNS_CACHE_S, lookup)
+        try:
+            infos = await asyncio.shield(cached[1])  # one caller giving up does not end it for the rest
+        except OSError:
+            if self._addresses.get((host, port)) is cached:
+                del self._addresses[(host, port)]  # the next call asks again
+            raise
+        return list(dict.fromkeys((str(info[4][0]), int(info[4][1])) for info in infos))
 
 
 def _head(method: str, url: httpx.URL, headers: list[tuple[str, str]], content: bytes | None) -> bytes:

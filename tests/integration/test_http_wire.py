@@ -287,3 +287,41 @@ async def test_an_interim_answer_is_passed_over() -> None:
     async with server(hints_first) as served, http_client(timeout=10) as client:
         response = await client.post(f"{served.url}/a", content=b"{}")
     assert (response.status_code, response.text, "link" in response.headers) == (200, "final", False)
+
+
+async def test_a_url_that_is_not_http_is_refused_as_httpx_refuses_it() -> None:
+    async with http_client(timeout=10) as client:
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await client.post("ftp://127.0.0.1/a", content=b"{}")
+
+
+async def test_a_host_name_is_looked_up_once_for_the_connections_opened_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2,000 model calls opening their connections at once must not make 2,000 DNS lookups."""
+    loop = asyncio.get_running_loop()
+    lookups: list[str] = []
+    real = loop.getaddrinfo
+
+    async def counted(host: str, *args: object, **kwargs: object) -> object:
+        lookups.append(host)
+        return await real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "getaddrinfo", counted)
+    release = asyncio.Event()
+
+    async def answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
+        await read_request(reader)
+        if number == 19:
+            release.set()
+        await release.wait()  # every call holds its connection until all 20 are open
+        writer.write(answer(b"ok", b"Content-Length: 2"))
+        await writer.drain()
+
+    async with server(answers) as served, http_client(timeout=10) as client:
+        named = served.url.replace("127.0.0.1", "localhost")
+        calls = [client.post(f"{named}/a", content=b"{}") for _ in range(20)]
+        assert [r.text for r in await asyncio.gather(*calls)] == ["ok"] * 20
+        assert (await client.post(f"{served.url}/a", content=b"{}")).text == "ok"  # an address: no lookup
+    assert lookups == ["localhost"]
+    assert served.connections == 21
