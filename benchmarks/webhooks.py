@@ -355,10 +355,13 @@ def run_wrk(server: Server, id_base: int, args: argparse.Namespace, seconds: int
         "WEBHOOKS_ACKED_FILE": str(acked_path),
     }
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds + 60)
+    if server.process.poll() is not None:  # first: a dead server also fails wrk, and its log says why
+        raise SystemExit(f"{server.name} died (exit code {server.process.returncode}):\n{server.log_tail()}")
     if done.returncode != 0:
-        raise SystemExit(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    if server.process.poll() is not None:
-        raise SystemExit(f"{server.name} died during the run:\n{server.log_tail()}")
+        raise SystemExit(
+            f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}\n"
+            f"{server.name}'s log:\n{server.log_tail()}"
+        )
     acked = [int(line[1:]) for line in acked_path.read_text().split()]
     return parse_wrk(done.stdout, server.name, id_base, acked)
 
