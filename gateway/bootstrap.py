@@ -42,6 +42,7 @@ from gateway.worker.patience import Patience
 
 HTTP_TIMEOUT_SECONDS = 30  # outbound calls to the platforms
 MODEL_TIMEOUT_SECONDS = 60  # each attempt of a model call
+OTHER_PLATFORM_CALLS = 100  # connections for platform calls besides the sends (typing indicators, getMe)
 # The interpreter's GIL switch interval (5 ms by default): each statement of a commit releases the GIL
 # on the SQLite writer thread, which then waits for it while the event loop runs, up to a whole
 # interval per statement. 1 ms gave ~15% more acks/s.
@@ -103,7 +104,10 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
         pool_timeout=settings.database_timeout_seconds,
         pool_size=settings.database_pool_size,
     )
-    http = http_client(HTTP_TIMEOUT_SECONDS)
+    # Every send in flight may hold a connection; typing indicators and getMe share the client.
+    http = http_client(
+        HTTP_TIMEOUT_SECONDS, max_connections=settings.max_sends_in_flight + OTHER_PLATFORM_CALLS
+    )
     delivery = build_delivery(settings, database, http, platforms)
     ingest = Ingest(
         database,
@@ -177,6 +181,7 @@ def build_delivery(
         build_senders(settings, http, platforms),
         pacing=build_pacing(settings, platforms),
         platforms=platforms,
+        concurrency=settings.max_sends_in_flight,
         retry_hours=settings.delivery_retry_hours,
         lease_seconds=settings.lease_seconds,
     )

@@ -125,6 +125,13 @@ class Settings(BaseSettings):
         le=100_000,
         description="Agent turns running at once in one process (each waiting on its model, mostly).",
     )
+    max_sends_in_flight: int = Field(
+        default=256,
+        ge=1,
+        le=10_000,
+        description="Replies being sent at once in one process, those waiting for their pacing slot "
+        "included: replies/s <= this / the platform's answer time.",
+    )
     model_retry_s: float = Field(
         default=1800,
         ge=0,

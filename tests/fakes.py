@@ -13,7 +13,9 @@ only use thread-safe containers (deque appends and pops, list appends).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -182,12 +184,34 @@ class FakeTelegram:
         # Old chat id -> new: a call naming the old id (a group upgraded to a supergroup) gets 400
         # with `parameters.migrate_to_chat_id`, before any scripted error of the method.
         self.migrated: dict[str, int] = {}
+        self.delay = 0.0  # seconds each call waits before its answer, as a far-away Bot API's
+        self.in_flight = 0
+        self.most_in_flight = 0  # calls waiting for their answer at once, at most
+        self._answered = threading.Condition()
 
     @property
     def app(self) -> Starlette:
         return Starlette(routes=[Route("/bot{token}/{method}", self._handle, methods=["POST"])])
 
+    def wait_for_calls(self, method: str, count: int, timeout: float) -> bool:
+        """Block (a test's thread) until `count` calls of `method` were answered; False after `timeout`."""
+        with self._answered:
+            return self._answered.wait_for(lambda: len(self.calls(method)) >= count, timeout)
+
     async def _handle(self, request: Request) -> Response:
+        if self.delay:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(self.delay)
+            finally:
+                self.in_flight -= 1
+        response = await self._answer(request)
+        with self._answered:
+            self._answered.notify_all()
+        return response
+
+    async def _answer(self, request: Request) -> Response:
         if request.path_params["token"] != self.token:
             return JSONResponse(
                 {"ok": False, "error_code": 401, "description": "Unauthorized"}, status_code=401

@@ -42,7 +42,10 @@ from gateway.worker.pacing import Pacer, PacingLimits
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_CONCURRENCY = 16  # sends in flight at once
+# Sends in flight at once (GATEWAY_MAX_SENDS_IN_FLIGHT), those waiting for their pacing slot included.
+# A send waits 0.1-0.3 s for a platform's answer, and a chat's next reply up to a second for its slot
+# (Telegram): at 16, sixteen chats with a second reply waiting held up every other chat's replies.
+DEFAULT_CONCURRENCY = 256
 DEFAULT_RETRY_HOURS = 24.0  # how long transient failures are retried (WhatsApp itself retries 7 days)
 BACKOFF_CAP_SECONDS = 600  # the longest wait between two attempts, a platform's retry-after included
 
