@@ -32,8 +32,9 @@ goal: ours >= 900 turns/s and >= 3x chatflow-agent's runner alone.
 It prints a markdown table (progress goes to stderr) and writes it, with every round's figures, to
 benchmarks/end_to_end_results.md. Options: ``--messages`` (default 10,000), ``--conversations``
 (500), ``--rounds`` (3), ``--concurrency`` (64), ``--warmup`` (messages, 300), ``--output``,
-``--baseline-venv``, ``--no-baseline`` (ours only). The default run takes two to three minutes on 2
-cores.
+``--baseline-venv``, ``--no-baseline`` (ours only), ``--platform-latency`` (seconds the fake Bot API
+takes to answer each ``sendMessage``, as a far-away Bot API does: 0 by default). The default run
+takes two to three minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ BOT_TOKEN = "123456:ABCdef"
 WEBHOOK_PATH = "/webhooks/telegram"
 CHAT_BASE = 700_000_000  # private chat ids (positive)
 WARMUP_CHAT_BASE = 800_000_000
+PLATFORM_LATENCY_ENV = "BENCH_PLATFORM_LATENCY"  # how the fake Bot API (its own process) is told
 ORDER_BASE = 10_000_000  # message i asks for order ORDER_BASE + i, which the reply names
 ORDER_IN_REPLY = re.compile(r"order (\d+)")
 START_TIMEOUT = 60.0
@@ -140,6 +142,7 @@ class FakeTelegram:
 def fake_platform() -> Starlette:
     """The uvicorn factory of the fake Bot API (``uvicorn end_to_end:fake_platform --factory``)."""
     state = FakeTelegram()
+    latency = float(os.environ.get(PLATFORM_LATENCY_ENV, "0"))
 
     async def method(request: Request) -> JSONResponse:
         name = request.path_params["method"]
@@ -147,6 +150,8 @@ def fake_platform() -> Starlette:
         if name != "sendMessage":
             state.other_calls += 1
             return JSONResponse({"ok": True, "result": True})
+        if latency:
+            await asyncio.sleep(latency)
         message_id = state.record(str(body.get("chat_id")), str(body.get("text") or ""))
         return JSONResponse({"ok": True, "result": {"message_id": message_id}})
 
@@ -210,11 +215,13 @@ def fake_server_argv(factory: str, port: int, *options: str) -> list[str]:
     ]
 
 
-def start_fake_platform(workdir: Path) -> Server:
+def start_fake_platform(workdir: Path, latency: float = 0.0) -> Server:
+    """`latency`: seconds before each sendMessage is answered."""
     port = free_port()
     argv = fake_server_argv("end_to_end:fake_platform", port, "--loop", "auto", "--http", "auto")
     url = f"http://127.0.0.1:{port}"
-    server = start_process("fake-telegram", argv, workdir, clean_env(), url)
+    env = clean_env() | {PLATFORM_LATENCY_ENV: str(latency)}
+    server = start_process("fake-telegram", argv, workdir, env, url)
     wait_ready(server, f"{url}/_bench/replies")
     return server
 
@@ -565,7 +572,7 @@ def measure(args: argparse.Namespace) -> Results:
     theirs: list[float] = []
     try:
         with tempfile.TemporaryDirectory(prefix="chatflow-gateway-fake-telegram-") as tmp:
-            fake = start_fake_platform(Path(tmp))
+            fake = start_fake_platform(Path(tmp), args.platform_latency)
             try:
                 for number in range(args.rounds):
                     # Alternate which side goes first, so neither always follows the other's work.
@@ -678,8 +685,8 @@ fresh temporary directory per round, the scripted demo agent), GATEWAY_TELEGRAM_
 the fake platform, GATEWAY_TELEGRAM_CHAT_PER_SECOND, _GROUP_PER_MINUTE and _GLOBAL_PER_SECOND = 0 \
 (unlimited), GATEWAY_LOG_LEVEL=warning.
 - **Fake platform**: a Starlette app under uvicorn in its own process, answering `sendMessage` with \
-`{{"ok": true, "result": {{"message_id": N}}}}` at once, without limits, and recording each reply's \
-chat and the order number it names.
+`{{"ok": true, "result": {{"message_id": N}}}}` after {args.platform_latency:g} s, without limits, \
+and recording each reply's chat and the order number it names.
 - **Load**: {args.messages:,} Telegram text updates per round ("Where is order <n>?", a new n and \
 update_id each) over {args.conversations:,} private chats ({per_chat} per chat), posted to \
 `/webhooks/telegram` with the secret header by {min(args.concurrency, args.conversations)} lanes, each \
@@ -716,6 +723,9 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline-venv", type=Path, default=run.DEFAULT_VENV, help="virtualenv for chatflow-agent"
     )
     parser.add_argument("--no-baseline", action="store_true", help="measure ours only")
+    parser.add_argument(
+        "--platform-latency", type=float, default=0.0, help="seconds the fake Bot API takes per sendMessage"
+    )
     args = parser.parse_args(argv)
     if min(args.messages, args.conversations, args.rounds, args.concurrency) < 1 or args.warmup < 0:
         parser.error("--messages, --conversations, --rounds and --concurrency must be at least 1")
