@@ -27,8 +27,9 @@ message. Scenarios:
 Figures: turns/s = messages / (last reply - first post); ideal = messages / (ack time + latency),
 where ack time is first post -> last 200; the model's most calls in flight at once (counted by the
 fake server) and the seconds from its first call to its last (how long the turns took to start);
-429s; and the ack time against the ``scripted`` baseline's. A scenario passes when every message got
-exactly one reply and, after SIGTERM, every inbox row is done and every outbox row sent. Goals:
+429s; the ack time against the ``scripted`` baseline's; and the gateway's CPU per turn (its process's
+user + system time from the first post to the last reply, per message). A scenario passes when every
+message got exactly one reply and, after SIGTERM, every inbox row is done and every outbox row sent. Goals:
 >= 0.8 of ideal at 1 s and at 5 s; under an RPM budget, 429s <= 1 % of calls and every turn finished.
 The table goes to stdout and benchmarks/model_latency_results.md.
 Options: ``--messages`` (2,000), ``--scenarios`` (all), ``--rpm`` (3,000), ``--output``.
@@ -214,6 +215,7 @@ class Outcome:
     outbox: dict[str, int]
     exit_code: int
     model: dict[str, Any]
+    gateway_cpu: float | None  # CPU seconds of gateway serve from its first post to its last reply
 
     @property
     def turns_per_second(self) -> float:
@@ -298,6 +300,7 @@ def run_scenario(
             workdir, telegram, None if scenario.latency is None else model, dict(scenario.settings)
         )
         try:
+            cpu_before = e2e.cpu_seconds(gateway.process.pid)
             started = time.monotonic()
             asyncio.run(post_wave(gateway.url, 0, chats, chats, id_base))
             if scenario.outage:  # every chat's first message is in its turn: the provider goes down
@@ -307,6 +310,7 @@ def run_scenario(
             summary = wait_for_answers(
                 telegram, gateway, chats * waves, scenario.outage + max(300.0, args.messages / 5)
             )
+            cpu_after = e2e.cpu_seconds(gateway.process.pid)
         finally:
             exit_code = gateway.stop()
         final = client.get(f"{telegram}/_bench/replies").json()
@@ -341,6 +345,7 @@ def run_scenario(
         outbox=outbox,
         exit_code=exit_code,
         model=stats,
+        gateway_cpu=cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None,
     )
 
 
@@ -369,8 +374,9 @@ def table(outcomes: list[Outcome]) -> str:
     base = next((o for o in outcomes if o.scenario.latency is None), None)
     lines = [
         "| Scenario | turns/s | vs scripted turns/s | ideal | ratio to ideal | goal "
-        "| max model calls in flight | 429s | 503s | holding replies | ack time (vs scripted) | checks |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| max model calls in flight | 429s | 503s | holding replies | ack time (vs scripted) "
+        "| gateway CPU per turn | checks |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for o in outcomes:
         goal, ok = goal_of(o)
@@ -378,11 +384,12 @@ def table(outcomes: list[Outcome]) -> str:
         versus = f"{o.turns_per_second / base.turns_per_second:.2f}" if base is not None else "n/a"
         calls = o.model.get("calls", 0)
         model = o.scenario.latency is not None
+        cpu = "n/a" if o.gateway_cpu is None else f"{o.gateway_cpu / o.messages * 1000:.2f} ms"
         lines.append(
             f"| {o.scenario.name} | {o.turns_per_second:,.0f} | {versus} "
             f"| {f'{o.ideal:,.0f}' if model else '-'} | {f'{o.ratio:.2f}' if model else '-'} | {goal} "
             f"| {o.model.get('max_in_flight', '-')} | {o.model.get('refused_429', 0)} of {calls:,} "
-            f"| {o.model.get('refused_503', 0)} | {o.holding} | {o.ack_elapsed:.2f} s{acks} "
+            f"| {o.model.get('refused_503', 0)} | {o.holding} | {o.ack_elapsed:.2f} s{acks} | {cpu} "
             f"| {'PASS' if o.passed and ok else 'FAIL'} |"
         )
     return "\n".join(lines)
