@@ -108,13 +108,13 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
     http = http_client(
         HTTP_TIMEOUT_SECONDS, max_connections=settings.max_sends_in_flight + OTHER_PLATFORM_CALLS
     )
-    delivery = build_delivery(settings, database, http, platforms)
     ingest = Ingest(
         database,
         timedelta(hours=settings.dedup_ttl_hours),
         timeout=settings.database_timeout_seconds,
         max_waiting=settings.max_queued_webhooks,
     )
+    delivery = build_delivery(settings, database, http, platforms, busy=lambda: ingest.busy)
     model_http = http_client(MODEL_TIMEOUT_SECONDS, max_connections=settings.max_turns_in_flight)
     runner = build_runner(settings, database, model_http)
     worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy, platforms=platforms)
@@ -174,14 +174,17 @@ def build_delivery(
     database: Database,
     http: httpx.AsyncClient,
     platforms: Sequence[PlatformSpec[Any]] = PLATFORMS,
+    busy: Callable[[], bool] = lambda: False,
 ) -> OutboxDelivery:
-    """Outbox delivery through each platform's sender, paced by each platform's rule."""
+    """Outbox delivery through each platform's sender, paced by each platform's rule; `busy`: the
+    webhooks' flood rule, as the worker's (new sends start sparingly while it holds)."""
     return OutboxDelivery(
         database,
         build_senders(settings, http, platforms),
         pacing=build_pacing(settings, platforms),
         platforms=platforms,
         concurrency=settings.max_sends_in_flight,
+        busy=busy,
         retry_hours=settings.delivery_retry_hours,
         lease_seconds=settings.lease_seconds,
     )

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -62,9 +62,11 @@ class OutboxDelivery:
         owner: str | None = None,
         pacing: PacingLimits | None = None,
         platforms: Iterable[PlatformSpec[Any]] = PLATFORMS,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         """`pacing`: the platforms' rate limits to stay under (None: send as fast as claimed);
-        `platforms`: their specs, whose target types read the rows' targets."""
+        `platforms`: their specs, whose target types read the rows' targets; `busy`: while it says
+        webhooks flood this process, new sends start sparingly (sends in flight go on), as turns do."""
         self.database = database
         self.senders = senders
         self.pacing = pacing
@@ -81,6 +83,7 @@ class OutboxDelivery:
             renew=lambda ids: outbox.renew(self.database, ids, self.owner, self.lease),
             release=lambda ids: outbox.release_many(self.database, ids, self.owner),
             lease_seconds=lease_seconds,
+            busy=busy,
         )
         self._sent = SentReplies(database)  # accepted replies, recorded in batches
         self._recording: set[asyncio.Task[bool]] = set()
