@@ -200,6 +200,17 @@ class Held:
     held: list[float]
     dead_before: dict[str, int]
     dead_after: dict[str, int]
+    pages_per_turn: tuple[float, float]  # baseline, held: the database's page reads per reply
+
+
+async def pages_read(conn: asyncpg.Connection) -> int:
+    """Pages the database's statements have read so far, from shared buffers or not: what a held snapshot
+    multiplies (each look-up walks the versions it keeps), whatever the machine's speed."""
+    return int(
+        await conn.fetchval(
+            "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
+        )
+    )
 
 
 async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.Namespace) -> Held:
@@ -236,19 +247,21 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         stats = await asyncpg.connect(dsn(database_url))
         holder = await asyncpg.connect(dsn(database_url))
 
-        async def measure(seconds: float) -> list[float]:
+        async def measure(seconds: float) -> tuple[list[float], float]:
+            """Turns/s per 30 s window, and the database's page reads per reply."""
             rates = []
+            pages, first_reply = await pages_read(stats), replies
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 before, at = replies, time.monotonic()
                 await asyncio.sleep(30)
                 rates.append((replies - before) / (time.monotonic() - at))
                 log(f"  {rates[-1]:,.0f} turns/s")
-            return rates
+            return rates, (await pages_read(stats) - pages) / max(1, replies - first_reply)
 
         log(f"held xmin: warm-up 30 s, baseline {args.hold_seconds:.0f} s ...")
         await measure(30)
-        baseline = await measure(args.hold_seconds)
+        baseline, baseline_pages = await measure(args.hold_seconds)
         dead_before = {t: f[1] for t, f in (await table_figures(stats)).items()}
         log(
             f"held xmin: {'no snapshot (control)' if args.control else 'a REPEATABLE READ snapshot held'} "
@@ -259,7 +272,7 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         if not args.control:
             await holder.fetchval("SELECT count(*) FROM chatflow_queue_heads")  # takes the snapshot
         try:
-            held = await measure(args.hold_seconds)
+            held, held_pages = await measure(args.hold_seconds)
             dead_after = {t: f[1] for t, f in (await table_figures(stats)).items()}
         finally:
             await transaction.rollback()
@@ -268,7 +281,7 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         await asyncio.gather(*lanes, return_exceptions=True)
         await stats.close()
         await holder.close()
-    return Held(baseline, held, dead_before, dead_after)
+    return Held(baseline, held, dead_before, dead_after, (baseline_pages, held_pages))
 
 
 def report(minutes: list[Minute], held: Held | None, args: argparse.Namespace, seconds: float) -> str:
@@ -333,7 +346,10 @@ def report(minutes: list[Minute], held: Held | None, args: argparse.Namespace, s
             f"| {'no snapshot (control)' if args.control else 'snapshot held'}, {args.hold_seconds:.0f} s "
             f"| {hold:,.0f} | {windows['held']} |\n\n"
             f"Held / baseline: **{ratio:.2f}x** (goal >= {GOAL_HELD_RATIO}x: {verdict}). Dead rows before → "
-            f"after the hold: {dead}\n"
+            f"after the hold: {dead}\n\nThe database's page reads per turn (`pg_stat_database`: shared "
+            "buffers hit or read, a figure that does not move with the machine's speed): baseline "
+            f"{held.pages_per_turn[0]:,.0f}, {'second part' if args.control else 'held'} "
+            f"{held.pages_per_turn[1]:,.0f}.\n"
         )
     return "\n".join(parts)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert, text, update
+from sqlalchemy import insert, select, text, update
 
 from gateway.store import inbox
 from gateway.store.database import Database
@@ -107,3 +107,59 @@ async def test_a_settle_under_a_held_snapshot_skips_the_conversations_earlier_ro
     assert after - before < 10  # the head's row and the next; unbounded, each of the 100 settled too
     (last,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
     assert last.text == f"a/{settled + 1}"
+
+
+HEAD_KEY_READS = (
+    "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'pk_chatflow_queue_heads'"
+)
+HEAD_A = "FROM chatflow_queue_heads WHERE queue = 'chatflow_inbox' AND session_id = 'telegram:a'"
+
+
+async def _head_key_reads(db: Database) -> int:
+    async with db.connect() as conn:
+        return int((await conn.execute(text(HEAD_KEY_READS))).scalar_one())
+
+
+@pytest.mark.parametrize("hand_on", [False, True], ids=["let-go", "handed-on"])
+async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on: bool) -> None:
+    """Migration 0017: the settle trigger locks the head, then updates the version it locked (by ctid)
+    instead of looking the head up again through its primary key, whose entries a held snapshot keeps
+    one per version written since it was taken."""
+    if db.dialect != "postgresql":
+        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    settled = 100
+    async with db.begin() as conn:
+        await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 3)])
+    async with db.connect() as holder:  # a long report: its snapshot keeps every row version
+        await holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        await holder.execute(text("SELECT count(*) FROM chatflow_queue_heads"))
+        for _ in range(settled):  # two head versions each: leased, let go
+            (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+            await _settle(db, row.id)
+        (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+
+        before = await _head_key_reads(db)
+        async with db.begin() as conn:  # one look-up of the head by its key, as the settle's lock makes
+            await conn.execute(text(f"SELECT 1 {HEAD_A}"))
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        one_walk = await _head_key_reads(db) - before
+
+        before = await _head_key_reads(db)
+        async with db.begin() as conn:
+            values: dict[str, object] = {"status": "done"}
+            if hand_on:  # lease owner kept with a new end: the next row is leased to "w" with the head
+                values["lease_until"] = datetime.now(UTC) + timedelta(seconds=60)
+            else:
+                values.update(lease_owner=None, lease_until=None)
+            await conn.execute(update(InboxRow).where(InboxRow.id == row.id).values(**values))
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        settle = await _head_key_reads(db) - before
+        await holder.rollback()
+    assert one_walk > settled  # the held snapshot keeps a key entry per head version
+    assert settle <= one_walk + 2  # the lock's walk; by the key again, twice that
+    async with db.connect() as conn:
+        owner, next_id = (await conn.execute(text(f"SELECT lease_owner, next_id {HEAD_A}"))).one()
+        next_row = (await conn.execute(select(InboxRow.text).where(InboxRow.id == next_id))).scalar_one()
+    assert next_row == f"a/{settled + 1}"
+    assert owner == ("w" if hand_on else None)
