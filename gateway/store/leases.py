@@ -137,7 +137,7 @@ def claim_on_engine(
 def _claim_statement(table: Any, columns: tuple[str, ...], hinted: bool) -> Statement:
     """PostgreSQL: the heads' lease (queue_heads.py) as a CTE, and the rows they point at, named with
     their conversations (by id alone PostgreSQL read the whole pending index: see store/turns.py)."""
-    heads = queue_heads.lease_statement(hinted).cte("leased")
+    heads = queue_heads.lease_statement(hinted, postgres=True).cte("leased")
     return Statement(
         update(table)
         .where(

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, any_, bindparam, select, update
+from sqlalchemy import ARRAY, and_, any_, bindparam, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.store.sqlite_thread import to_sqlite_datetime
@@ -62,7 +62,7 @@ async def lease_on_engine(
 
 
 @functools.cache
-def lease_statement(hinted: bool = False) -> Any:
+def lease_statement(hinted: bool = False, postgres: bool = False) -> Any:
     """Built once per kind (building it cost more than running it). The heads are picked once, in a
     materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again when it rechecks a row
     another transaction changed, and lease more heads than `limit`.
@@ -70,7 +70,13 @@ def lease_statement(hinted: bool = False) -> Any:
     `hinted`: only the heads of the conversations in the array `sessions`, found by primary key. The
     due index is ordered by time, and a snapshot held open (a long report, pg_dump, an idle
     replication slot) keeps every head version written meanwhile in it, in front of the due heads,
-    for every claim to step over; a conversation's own versions are few (see ClaimLoop)."""
+    for every claim to step over; a conversation's own versions are few (see ClaimLoop).
+
+    `postgres`: the lease updates the head versions the CTE locked, by `ctid`, instead of looking each
+    head up by its key again, past the versions a held snapshot keeps (as the settle triggers do,
+    migration 0017). Should another transaction have changed a head after this statement's snapshot
+    was taken, the lock returns the newer version, which that snapshot does not see: the head is then
+    left as it is, for a later claim."""
     where = [
         Head.queue == bindparam("b_queue"),
         Head.next_id.is_not(None),
@@ -78,8 +84,9 @@ def lease_statement(hinted: bool = False) -> Any:
     ]
     if hinted:
         where.append(Head.session_id == any_(bindparam("sessions", type_=ARRAY(Head.session_id.type))))
+    picked = [Head.session_id, literal_column("ctid").label("at")] if postgres else [Head.session_id]
     due = (
-        select(Head.session_id)
+        select(*picked)
         .where(*where)
         .order_by(Head.due_at)
         .limit(bindparam("limit"))
@@ -87,9 +94,14 @@ def lease_statement(hinted: bool = False) -> Any:
         .cte("due")
         .prefix_with("MATERIALIZED", dialect="postgresql")
     )
+    locked = (
+        literal_column(f"{Head.__tablename__}.ctid") == due.c.at
+        if postgres
+        else and_(Head.queue == bindparam("b_queue"), Head.session_id == due.c.session_id)
+    )
     return (
         update(Head)
-        .where(Head.queue == bindparam("b_queue"), Head.session_id == due.c.session_id)
+        .where(locked)
         .values(lease_owner=bindparam("owner"), due_at=bindparam("until", type_=Head.due_at.type))
         .returning(Head.session_id, Head.next_id)
     )

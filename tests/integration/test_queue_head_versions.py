@@ -9,12 +9,14 @@ wrote its current version) says whether it was written; the SQLite file counts t
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import insert, select, text, update
 
-from gateway.store import inbox
+from gateway.store import inbox, leases
 from gateway.store.database import Database
+from gateway.store.postgres_lanes import PostgresLanes, Statement
 from gateway.store.tables import InboxRow
 from tests.integration.test_claim_hints import inbox_row
 
@@ -112,12 +114,13 @@ async def test_a_settle_under_a_held_snapshot_skips_the_conversations_earlier_ro
 HEAD_KEY_READS = (
     "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'pk_chatflow_queue_heads'"
 )
+HEAD_INDEX_READS = "SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'chatflow_queue_heads'"
 HEAD_A = "FROM chatflow_queue_heads WHERE queue = 'chatflow_inbox' AND session_id = 'telegram:a'"
 
 
-async def _head_key_reads(db: Database) -> int:
+async def _head_key_reads(db: Database, statement: str = HEAD_KEY_READS) -> int:
     async with db.connect() as conn:
-        return int((await conn.execute(text(HEAD_KEY_READS))).scalar_one())
+        return int((await conn.execute(text(statement))).scalar_one())
 
 
 @pytest.mark.parametrize("hand_on", [False, True], ids=["let-go", "handed-on"])
@@ -163,3 +166,63 @@ async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on:
         next_row = (await conn.execute(select(InboxRow.text).where(InboxRow.id == next_id))).scalar_one()
     assert next_row == f"a/{settled + 1}"
     assert owner == ("w" if hand_on else None)
+
+
+async def test_a_hinted_claim_walks_the_held_head_versions_once(db: Database) -> None:
+    """A claim's lease updates the head versions its look-up locked (by ctid), not the heads looked up
+    again by key past every version a held snapshot keeps. Every index of the heads is counted: the
+    look-up may go by the due index or by the key."""
+    if db.dialect != "postgresql":
+        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    settled = 100
+    later = now + timedelta(hours=1)  # other conversations' heads, not due: the planner's size of the table
+    async with db.begin() as conn:
+        await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 2)])
+        await conn.execute(insert(InboxRow), [inbox_row(f"other{n}", 0, later) for n in range(2000)])
+        await conn.execute(text("ANALYZE chatflow_queue_heads"))
+    async with db.connect() as holder:
+        await holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        await holder.execute(text("SELECT count(*) FROM chatflow_queue_heads"))
+        for _ in range(settled):
+            (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10, sessions=["telegram:a"])
+            await _settle(db, row.id)
+
+        before = await _head_key_reads(db)
+        async with db.begin() as conn:
+            await conn.execute(text(f"SELECT 1 {HEAD_A}"))
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        one_walk = await _head_key_reads(db) - before
+
+        before = await _head_key_reads(db, HEAD_INDEX_READS)
+        async with db.connect() as conn:  # the claim's statement, as the lanes run it, on a connection
+            driver = (await conn.get_raw_connection()).driver_connection  # whose counts can be flushed
+            claimed = await leases.claim_on_postgres(
+                cast(PostgresLanes, _OneConnection(db, driver)),
+                InboxRow,
+                ("text",),
+                "w",
+                now,
+                now + timedelta(seconds=30),
+                10,
+                ["telegram:a"],
+            )
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        claim = await _head_key_reads(db, HEAD_INDEX_READS) - before
+        await holder.rollback()
+    assert [body for _, body in claimed] == [f"a/{settled}"]
+    assert one_walk > settled
+    assert claim <= one_walk + 2  # the look-up's walk (by the due index); by the key again, twice that
+    async with db.connect() as conn:
+        assert (await conn.execute(text(f"SELECT lease_owner {HEAD_A}"))).scalar_one() == "w"
+
+
+class _OneConnection:
+    """What a claim needs of PostgresLanes, on one asyncpg connection of the test's."""
+
+    def __init__(self, db: Database, driver: Any) -> None:
+        self.db, self.driver = db, driver
+
+    async def fetch(self, statement: Statement, params: dict[str, Any]) -> list[Any]:
+        sql, args = statement.bind(self.db.engine, params)
+        return list(await self.driver.fetch(sql, *args))
