@@ -8,6 +8,8 @@ wrote its current version) says whether it was written; the SQLite file counts t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -84,6 +86,21 @@ async def _settle(db: Database, row_id: int) -> None:
         await conn.execute(text("SELECT pg_stat_force_next_flush()"))  # counted once this commits
 
 
+@contextlib.asynccontextmanager
+async def _held_snapshot(db: Database, settled: int, hinted: bool = False) -> AsyncIterator[None]:
+    """A long report's snapshot held open (it keeps every row version written meanwhile), and
+    `settled` of conversation a's rows claimed and settled under it: two head versions each."""
+    async with db.connect() as holder:
+        await holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        await holder.execute(text("SELECT count(*) FROM chatflow_inbox"))
+        for _ in range(settled):
+            sessions = ["telegram:a"] if hinted else None
+            (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10, sessions=sessions)
+            await _settle(db, row.id)
+        yield
+        await holder.rollback()
+
+
 async def test_a_settle_under_a_held_snapshot_skips_the_conversations_earlier_rows(db: Database) -> None:
     """Migration 0014: while a snapshot is held, the pending index keeps an entry for every row of the
     conversation that was ever pending; the head's refresh starts at the head, not at the first of them."""
@@ -93,19 +110,13 @@ async def test_a_settle_under_a_held_snapshot_skips_the_conversations_earlier_ro
     settled = 100
     async with db.begin() as conn:
         await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 2)])
-    async with db.connect() as holder:  # a long report: its snapshot keeps every row version
-        await holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
-        await holder.execute(text("SELECT count(*) FROM chatflow_inbox"))
-        for _ in range(settled):
-            (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
-            await _settle(db, row.id)
+    async with _held_snapshot(db, settled):
         (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
         async with db.connect() as conn:
             before = (await conn.execute(text(PENDING_INDEX_READS))).scalar_one()
         await _settle(db, row.id)
         async with db.connect() as conn:
             after = (await conn.execute(text(PENDING_INDEX_READS))).scalar_one()
-        await holder.rollback()
     assert after - before < 10  # the head's row and the next; unbounded, each of the 100 settled too
     (last,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
     assert last.text == f"a/{settled + 1}"
@@ -123,6 +134,15 @@ async def _head_key_reads(db: Database, statement: str = HEAD_KEY_READS) -> int:
         return int((await conn.execute(text(statement))).scalar_one())
 
 
+async def _one_key_walk(db: Database) -> int:
+    """Key entries one look-up of conversation a's head reads (as a settle's lock makes it)."""
+    before = await _head_key_reads(db)
+    async with db.begin() as conn:
+        await conn.execute(text(f"SELECT 1 {HEAD_A}"))
+        await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+    return await _head_key_reads(db) - before
+
+
 @pytest.mark.parametrize("hand_on", [False, True], ids=["let-go", "handed-on"])
 async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on: bool) -> None:
     """Migration 0017: the settle trigger locks the head, then updates the version it locked (by ctid)
@@ -134,19 +154,9 @@ async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on:
     settled = 100
     async with db.begin() as conn:
         await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 3)])
-    async with db.connect() as holder:  # a long report: its snapshot keeps every row version
-        await holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
-        await holder.execute(text("SELECT count(*) FROM chatflow_queue_heads"))
-        for _ in range(settled):  # two head versions each: leased, let go
-            (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
-            await _settle(db, row.id)
+    async with _held_snapshot(db, settled):
         (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
-
-        before = await _head_key_reads(db)
-        async with db.begin() as conn:  # one look-up of the head by its key, as the settle's lock makes
-            await conn.execute(text(f"SELECT 1 {HEAD_A}"))
-            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
-        one_walk = await _head_key_reads(db) - before
+        one_walk = await _one_key_walk(db)
 
         before = await _head_key_reads(db)
         async with db.begin() as conn:
@@ -158,7 +168,6 @@ async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on:
             await conn.execute(update(InboxRow).where(InboxRow.id == row.id).values(**values))
             await conn.execute(text("SELECT pg_stat_force_next_flush()"))
         settle = await _head_key_reads(db) - before
-        await holder.rollback()
     assert one_walk > settled  # the held snapshot keeps a key entry per head version
     assert settle <= one_walk + 2  # the lock's walk; by the key again, twice that
     async with db.connect() as conn:
@@ -181,18 +190,8 @@ async def test_a_hinted_claim_walks_the_held_head_versions_once(db: Database) ->
         await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 2)])
         await conn.execute(insert(InboxRow), [inbox_row(f"other{n}", 0, later) for n in range(2000)])
         await conn.execute(text("ANALYZE chatflow_queue_heads"))
-    async with db.connect() as holder:
-        await holder.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
-        await holder.execute(text("SELECT count(*) FROM chatflow_queue_heads"))
-        for _ in range(settled):
-            (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10, sessions=["telegram:a"])
-            await _settle(db, row.id)
-
-        before = await _head_key_reads(db)
-        async with db.begin() as conn:
-            await conn.execute(text(f"SELECT 1 {HEAD_A}"))
-            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
-        one_walk = await _head_key_reads(db) - before
+    async with _held_snapshot(db, settled, hinted=True):
+        one_walk = await _one_key_walk(db)
 
         before = await _head_key_reads(db, HEAD_INDEX_READS)
         async with db.connect() as conn:  # the claim's statement, as the lanes run it, on a connection
@@ -209,7 +208,6 @@ async def test_a_hinted_claim_walks_the_held_head_versions_once(db: Database) ->
             )
             await conn.execute(text("SELECT pg_stat_force_next_flush()"))
         claim = await _head_key_reads(db, HEAD_INDEX_READS) - before
-        await holder.rollback()
     assert [body for _, body in claimed] == [f"a/{settled}"]
     assert one_walk > settled
     assert claim <= one_walk + 2  # the look-up's walk (by the due index); by the key again, twice that
