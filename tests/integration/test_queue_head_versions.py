@@ -34,6 +34,12 @@ def db(migrated_database: Database) -> Database:
     return migrated_database
 
 
+@pytest.fixture
+def postgres_only(db: Database) -> None:
+    if db.dialect != "postgresql":
+        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
+
+
 async def test_a_newer_message_leaves_the_head_as_it_was(db: Database) -> None:
     now = datetime.now(UTC) - timedelta(seconds=1)
     async with db.begin() as conn:
@@ -86,6 +92,14 @@ async def _settle(db: Database, row_id: int) -> None:
         await conn.execute(text("SELECT pg_stat_force_next_flush()"))  # counted once this commits
 
 
+async def _store_a(db: Database, count: int) -> datetime:
+    """`count` messages of conversation a, due now; their due time."""
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    async with db.begin() as conn:
+        await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(count)])
+    return now
+
+
 @contextlib.asynccontextmanager
 async def _held_snapshot(db: Database, settled: int, hinted: bool = False) -> AsyncIterator[None]:
     """A long report's snapshot held open (it keeps every row version written meanwhile), and
@@ -101,15 +115,12 @@ async def _held_snapshot(db: Database, settled: int, hinted: bool = False) -> As
         await holder.rollback()
 
 
+@pytest.mark.usefixtures("postgres_only")
 async def test_a_settle_under_a_held_snapshot_skips_the_conversations_earlier_rows(db: Database) -> None:
     """Migration 0014: while a snapshot is held, the pending index keeps an entry for every row of the
     conversation that was ever pending; the head's refresh starts at the head, not at the first of them."""
-    if db.dialect != "postgresql":
-        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
-    now = datetime.now(UTC) - timedelta(seconds=1)
     settled = 100
-    async with db.begin() as conn:
-        await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 2)])
+    await _store_a(db, settled + 2)
     async with _held_snapshot(db, settled):
         (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
         async with db.connect() as conn:
@@ -143,17 +154,14 @@ async def _one_key_walk(db: Database) -> int:
     return await _head_key_reads(db) - before
 
 
+@pytest.mark.usefixtures("postgres_only")
 @pytest.mark.parametrize("hand_on", [False, True], ids=["let-go", "handed-on"])
 async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on: bool) -> None:
     """Migration 0017: the settle trigger locks the head, then updates the version it locked (by ctid)
     instead of looking the head up again through its primary key, whose entries a held snapshot keeps
     one per version written since it was taken."""
-    if db.dialect != "postgresql":
-        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
-    now = datetime.now(UTC) - timedelta(seconds=1)
     settled = 100
-    async with db.begin() as conn:
-        await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 3)])
+    await _store_a(db, settled + 3)
     async with _held_snapshot(db, settled):
         (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
         one_walk = await _one_key_walk(db)
@@ -177,17 +185,15 @@ async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on:
     assert owner == ("w" if hand_on else None)
 
 
+@pytest.mark.usefixtures("postgres_only")
 async def test_a_hinted_claim_walks_the_held_head_versions_once(db: Database) -> None:
     """A claim's lease updates the head versions its look-up locked (by ctid), not the heads looked up
     again by key past every version a held snapshot keeps. Every index of the heads is counted: the
     look-up may go by the due index or by the key."""
-    if db.dialect != "postgresql":
-        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
-    now = datetime.now(UTC) - timedelta(seconds=1)
     settled = 100
+    now = await _store_a(db, settled + 2)
     later = now + timedelta(hours=1)  # other conversations' heads, not due: the planner's size of the table
     async with db.begin() as conn:
-        await conn.execute(insert(InboxRow), [inbox_row("a", n, now) for n in range(settled + 2)])
         await conn.execute(insert(InboxRow), [inbox_row(f"other{n}", 0, later) for n in range(2000)])
         await conn.execute(text("ANALYZE chatflow_queue_heads"))
     async with _held_snapshot(db, settled, hinted=True):
