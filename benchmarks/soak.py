@@ -204,8 +204,9 @@ class Held:
 
 
 async def pages_read(conn: asyncpg.Connection) -> int:
-    """Pages the database's statements have read so far, from shared buffers or not: what a held snapshot
-    multiplies (each look-up walks the versions it keeps), whatever the machine's speed."""
+    """Pages the database has read so far (its statements and autovacuum), from shared buffers or not:
+    what a held snapshot multiplies (each look-up walks the versions it keeps), whatever the machine's
+    speed."""
     return int(
         await conn.fetchval(
             "SELECT blks_hit + blks_read FROM pg_stat_database WHERE datname = current_database()"
