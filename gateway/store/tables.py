@@ -229,14 +229,16 @@ class QueueHeadRow(Base):
     due_at: Mapped[datetime | None]
     lease_owner: Mapped[str | None] = mapped_column(String(64))
 
-    # Claimable heads, due first; conversations with nothing pending are not in the index.
+    # Claimable heads, due first; conversations with nothing pending are not in the index. On PostgreSQL
+    # it names `due_at` alone (NULL exactly while `next_id` is), so a hand-on that moves `next_id` is
+    # a HOT update (migration 0018).
     __table_args__ = (
         Index(
             "ix_chatflow_queue_heads_due",
             "queue",
             "due_at",
             sqlite_where=sql("next_id IS NOT NULL"),
-            postgresql_where=sql("next_id IS NOT NULL"),
+            postgresql_where=sql("due_at IS NOT NULL"),
         ),
     )
 

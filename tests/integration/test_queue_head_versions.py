@@ -230,3 +230,60 @@ class _OneConnection:
     async def fetch(self, statement: Statement, params: dict[str, Any]) -> list[Any]:
         sql, args = statement.bind(self.db.engine, params)
         return list(await self.driver.fetch(sql, *args))
+
+
+async def _hand_on(db: Database, row_id: int, until: datetime) -> None:
+    """Mark a claimed row done with its lease kept and a new end: its conversation's next row goes on
+    to the same owner (migration 0015), as a turn's commit asks for it."""
+    async with db.begin() as conn:
+        await conn.execute(
+            update(InboxRow).where(InboxRow.id == row_id).values(status="done", lease_until=until)
+        )
+        await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+
+
+async def _head_a(db: Database) -> tuple[int, datetime, str | None]:
+    """Conversation a's head: (next_id, due_at, lease_owner), its index reads counted at once."""
+    async with db.begin() as conn:
+        head = (await conn.execute(text(f"SELECT next_id, due_at, lease_owner {HEAD_A}"))).one()
+        await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+    return cast(tuple[int, datetime, str | None], tuple(head))
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_hand_ons_under_a_held_snapshot_leave_the_heads_key_as_it_was(db: Database) -> None:
+    """Migration 0018: a hand-on changes no column an index of the heads names, so its version is a
+    HOT update: a held snapshot keeps the versions, but not one key entry each for every look-up of
+    the head to walk."""
+    handed = 100
+    await _store_a(db, handed + 2)
+    await inbox.claim(db, "w", timedelta(seconds=60), 10)
+    row_id, lease_end, _ = await _head_a(db)
+    async with _held_snapshot(db, 0):
+        for n in range(handed):
+            await _hand_on(db, row_id, datetime.now(UTC) + timedelta(seconds=60, microseconds=n))
+            next_id, due_at, owner = await _head_a(db)
+            assert (next_id > row_id, due_at, owner) == (True, lease_end, "w")
+            row_id = next_id
+        one_walk = await _one_key_walk(db)
+    assert one_walk < handed / 10  # one entry per page the versions filled; before 0018, one per version
+    async with db.connect() as conn:
+        body = (await conn.execute(select(InboxRow.text).where(InboxRow.id == row_id))).scalar_one()
+    assert body == f"a/{handed}"
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_hand_on_with_less_than_half_the_lease_left_moves_the_heads_end(db: Database) -> None:
+    """The head's end is what a claim goes by: a hand-on keeps it only while at least half the lease
+    it asks for is left, so a live owner's heartbeat (every third of a lease) always renews it in time."""
+    await _store_a(db, 3)
+    (row,) = await inbox.claim(db, "w", timedelta(seconds=10), 10)
+    _, claimed_end, _ = await _head_a(db)
+    until = datetime.now(UTC) + timedelta(seconds=60)  # 10 s left of 60: less than half
+    await _hand_on(db, row.id, until)
+    next_id, due_at, owner = await _head_a(db)
+    assert (due_at, owner) == (until, "w")
+    assert due_at > claimed_end
+    await _hand_on(db, next_id, until + timedelta(seconds=1))  # 60 s left of 61: kept
+    assert (await _head_a(db))[1:] == (until, "w")
+    assert await inbox.claim(db, "other", timedelta(seconds=30), 10) == []
