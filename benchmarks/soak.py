@@ -18,7 +18,9 @@ with autovacuum off, which no production server should; the report names the set
    a REPEATABLE READ snapshot open (what a long report, `pg_dump` or an idle replication slot does):
    VACUUM can then reclaim none of the rows updated meanwhile. The goal: turns/s while held within 20 %
    of the baseline (a generic SKIP LOCKED queue lost 35 % in a public torture test). `--control` runs
-   the same two parts without taking the snapshot: what the run's own drift does to the ratio.
+   the same two parts without taking the snapshot: what the run's own drift does to the ratio. Each
+   part also reports the database's page reads per turn and, for the rows every turn rewrites (queue
+   heads, sessions), the row updates per turn and the share of them that were HOT updates.
 
 It prints markdown tables and writes them to benchmarks/soak_results.md.
 """
@@ -201,6 +203,21 @@ class Held:
     dead_before: dict[str, int]
     dead_after: dict[str, int]
     pages_per_turn: tuple[float, float]  # baseline, held: the database's page reads per reply
+    # baseline, held: per table of UPDATED, (row updates per reply, the share of them that were HOT)
+    updates: tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]
+
+
+UPDATED = ("chatflow_queue_heads", "chatflow_sessions")
+
+
+async def updates_so_far(conn: asyncpg.Connection) -> dict[str, tuple[int, int]]:
+    """Row updates so far of the rows rewritten every turn, and how many were HOT (no new index
+    entries): a non-HOT version adds a key entry that a held snapshot keeps for every look-up to walk."""
+    rows = await conn.fetch(
+        "SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = ANY($1::text[])",
+        list(UPDATED),
+    )
+    return {r["relname"]: (r["n_tup_upd"], r["n_tup_hot_upd"]) for r in rows}
 
 
 async def pages_read(conn: asyncpg.Connection) -> int:
@@ -248,21 +265,29 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         stats = await asyncpg.connect(dsn(database_url))
         holder = await asyncpg.connect(dsn(database_url))
 
-        async def measure(seconds: float) -> tuple[list[float], float]:
-            """Turns/s per 30 s window, and the database's page reads per reply."""
+        async def measure(seconds: float) -> tuple[list[float], float, dict[str, tuple[float, float]]]:
+            """Turns/s per 30 s window, the database's page reads per reply, and per table of UPDATED its
+            updates per reply and their HOT share."""
             rates = []
             pages, first_reply = await pages_read(stats), replies
+            updated = await updates_so_far(stats)
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 before, at = replies, time.monotonic()
                 await asyncio.sleep(30)
                 rates.append((replies - before) / (time.monotonic() - at))
                 log(f"  {rates[-1]:,.0f} turns/s")
-            return rates, (await pages_read(stats) - pages) / max(1, replies - first_reply)
+            turns = max(1, replies - first_reply)
+            now_updated = await updates_so_far(stats)
+            shares = {}
+            for table, (total, hot) in now_updated.items():
+                done, done_hot = total - updated[table][0], hot - updated[table][1]
+                shares[table] = (done / turns, done_hot / max(1, done))
+            return rates, (await pages_read(stats) - pages) / turns, shares
 
         log(f"held xmin: warm-up 30 s, baseline {args.hold_seconds:.0f} s ...")
         await measure(30)
-        baseline, baseline_pages = await measure(args.hold_seconds)
+        baseline, baseline_pages, baseline_updates = await measure(args.hold_seconds)
         dead_before = {t: f[1] for t, f in (await table_figures(stats)).items()}
         log(
             f"held xmin: {'no snapshot (control)' if args.control else 'a REPEATABLE READ snapshot held'} "
@@ -273,7 +298,7 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         if not args.control:
             await holder.fetchval("SELECT count(*) FROM chatflow_queue_heads")  # takes the snapshot
         try:
-            held, held_pages = await measure(args.hold_seconds)
+            held, held_pages, held_updates = await measure(args.hold_seconds)
             dead_after = {t: f[1] for t, f in (await table_figures(stats)).items()}
         finally:
             await transaction.rollback()
@@ -282,7 +307,14 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         await asyncio.gather(*lanes, return_exceptions=True)
         await stats.close()
         await holder.close()
-    return Held(baseline, held, dead_before, dead_after, (baseline_pages, held_pages))
+    return Held(
+        baseline,
+        held,
+        dead_before,
+        dead_after,
+        (baseline_pages, held_pages),
+        (baseline_updates, held_updates),
+    )
 
 
 def report(minutes: list[Minute], held: Held | None, args: argparse.Namespace, seconds: float) -> str:
@@ -350,7 +382,16 @@ def report(minutes: list[Minute], held: Held | None, args: argparse.Namespace, s
             f"after the hold: {dead}\n\nThe database's page reads per turn (`pg_stat_database`: shared "
             "buffers hit or read, a figure that does not move with the machine's speed): baseline "
             f"{held.pages_per_turn[0]:,.0f}, {'second part' if args.control else 'held'} "
-            f"{held.pages_per_turn[1]:,.0f}.\n"
+            f"{held.pages_per_turn[1]:,.0f}.\n\nRow updates per turn (the share of them that were HOT "
+            "updates, which add no index entries): "
+            + "; ".join(
+                f"`{t.removeprefix('chatflow_')}` baseline {held.updates[0][t][0]:.2f} "
+                f"({held.updates[0][t][1]:.0%}), {'second part' if args.control else 'held'} "
+                f"{held.updates[1][t][0]:.2f} ({held.updates[1][t][1]:.0%})"
+                for t in UPDATED
+                if t in held.updates[0] and t in held.updates[1]
+            )
+            + ".\n"
         )
     return "\n".join(parts)
 
