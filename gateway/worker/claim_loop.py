@@ -9,7 +9,9 @@ new rows start every BUSY_CLAIM_DELAY_SECONDS (rows in flight go on): acknowledg
 and a flood's backlog is worked off right after it.
 
 A claim looks where work is known to be: the conversations this process stored rows for (`wake`)
-and those whose rows it just finished (the next may be waiting). Every IDLE_POLL_SECONDS (every
+and those whose rows it just finished (the next may be waiting), unless that row's commit handed the
+conversation on (`adopt`) or saw nothing of it waiting while nothing was stored here for it since
+(`nothing_waiting`). Every IDLE_POLL_SECONDS (every
 BUSY_SCAN_SECONDS while hinted claims keep taking rows), and again at once after such a scan found
 rows nobody hinted, it looks at every due head instead, which finds the rest: other processes' rows,
 retries come due, leases a crashed process left. On PostgreSQL the
@@ -116,7 +118,9 @@ class ClaimLoop(Generic[Row]):
         self._scan_at = 0.0  # the loop's time when a claim looks at every due head again
         self._hints_took_rows = False  # since the last scan
         self._hinted_before_scan: tuple[str, ...] = ()  # the hints when the running scan began
-        self._handed_on: set[asyncio.Task[None]] = set()  # tasks whose conversation went on in `adopt`
+        self._went_on: set[asyncio.Task[None]] = set()  # tasks whose conversation went on (`adopt`)
+        self._nothing_waiting: set[asyncio.Task[None]] = set()  # whose commit saw nothing waiting
+        self._stored_here: set[str] = set()  # conversations woken while a row of theirs ran here
         self.running = False  # while `run` runs: rows may be adopted
 
     def wake(self, sessions: Iterable[str] = ()) -> None:
@@ -129,6 +133,8 @@ class ClaimLoop(Generic[Row]):
             # A conversation whose row runs here has its head leased to it: a claim looking there reads
             # the head for nothing (on PostgreSQL under a held snapshot, every version the head kept).
             # Its row's end names it again (`_finished`), or hands its next row on.
+            running = [session for session in named if session in self._running_sessions]
+            self._stored_here.update(running)
             waiting = [session for session in named if session not in self._running_sessions]
             if not waiting:
                 return
@@ -198,14 +204,22 @@ class ClaimLoop(Generic[Row]):
         task.add_done_callback(self._running.discard)
         task.add_done_callback(functools.partial(self._finished, row.id, row.session_id))
 
-    def adopt(self, row: Row) -> None:
-        """Run a row the store leased to this loop rather than one it claimed: the current task's
-        commit handed its conversation on (store/turns.py). It takes that task's slot, and no claim
-        looks at the conversation when that task ends: its next row is this one."""
-        task = asyncio.current_task()
-        if task is not None and task in self._running:
-            self._handed_on.add(task)
+    def adopt(self, row: Row, after: int) -> None:
+        """Run a row the store leased to this loop rather than one it claimed: the commit of row
+        `after` handed its conversation on (store/turns.py, store/sent_replies.py). It takes that
+        row's slot, and no claim looks at the conversation when that row ends: its next row is this
+        one. By row, not by the current task: delivery records a sent row in a task of its own."""
+        if (task := self._in_flight.get(after)) is not None:
+            self._went_on.add(task)
         self._start(row)
+
+    def nothing_waiting(self, row_id: int) -> None:
+        """Row `row_id`'s commit saw no next row of its conversation waiting: when it ends, no claim
+        looks there unless rows were stored here for it meanwhile (`wake`). Rows other processes
+        store meanwhile are found by the scans; under a held snapshot every look-up of a head walks
+        the versions the snapshot keeps, so one for nothing is not free."""
+        if (task := self._in_flight.get(row_id)) is not None:
+            self._nothing_waiting.add(task)
 
     async def _release(self, rows: list[Row]) -> None:
         if not rows:
@@ -241,12 +255,15 @@ class ClaimLoop(Generic[Row]):
                 self._hints.pop(session, None)
 
     def _finished(self, row_id: int, session_id: str, task: asyncio.Task[None]) -> None:
+        went_on = task in self._went_on
+        quiet = task in self._nothing_waiting and session_id not in self._stored_here
+        self._went_on.discard(task)
+        self._nothing_waiting.discard(task)
         self._running_sessions[session_id] -= 1
         if not self._running_sessions[session_id]:
             del self._running_sessions[session_id]
-        if task in self._handed_on:
-            self._handed_on.discard(task)
-        else:
+            self._stored_here.discard(session_id)
+        if not went_on and not quiet:
             self._hints[session_id] = None  # its conversation's next row may be waiting
         self._in_flight.pop(row_id, None)
         for attached in self._attached.pop(task, ()):

@@ -158,9 +158,10 @@ class InboxWorker:
 
         usages: list[TurnUsage] = []
         receipt = TurnReceipt()
+        until: datetime | None = None
 
         def commit_with(new_messages: list[Message]) -> TurnCompletion:
-            nonlocal usages
+            nonlocal usages, until
             reply = new_messages[-1].content or ""
             usages = turn_usage(new_messages)
             replies = _replies(run, reply, self.reply_targets)
@@ -202,6 +203,8 @@ class InboxWorker:
             self.on_committed(row.session_id)
             if receipt.handed_on_until is not None:
                 await self._take_handed_on(row, receipt.handed_on_until)
+            elif until is not None:  # asked to hand on, and the commit saw nothing waiting
+                self.loop.nothing_waiting(row.id)
         return False
 
     def _hand_on_until(self) -> datetime | None:
@@ -229,7 +232,7 @@ class InboxWorker:
             log.warning("handed_on_row_not_taken", error=type(exc).__name__)
             return
         if handed is not None:
-            self.loop.adopt(handed)
+            self.loop.adopt(handed, after=row.id)
 
     async def _wait_out(self, run: list[ClaimedMessage], exc: ModelError) -> bool:
         """A transient model failure: send the holding reply if due, wait, and say to try again; or,

@@ -216,6 +216,8 @@ class OutboxDelivery:
                     )
                     if recorded is Recorded.HANDED_ON and until is not None:
                         await self._take_handed_on(row, until)
+                    elif recorded is Recorded.WRITTEN and until is not None:
+                        self.loop.nothing_waiting(row.id)  # asked to hand on: nothing was waiting
                     return bool(recorded)
                 return await outbox.finish(self.database, row.id, self.owner, **values)
             except Exception as exc:
@@ -246,7 +248,7 @@ class OutboxDelivery:
         if handed is None:
             return
         if self.loop.running:
-            self.loop.adopt(handed)
+            self.loop.adopt(handed, after=row.id)
         else:
             await self._release(handed)
 

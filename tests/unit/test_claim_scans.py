@@ -103,14 +103,97 @@ async def test_a_row_already_running_is_not_started_again() -> None:
     async def process(row: Row) -> None:
         started.append(row.id)
         if row.id == 1:
-            loop_under_test.adopt(Row(1, "telegram:1"))  # the same row again: ignored
-            loop_under_test.adopt(Row(2, "telegram:1"))  # the next one: started
+            loop_under_test.adopt(Row(1, "telegram:1"), after=1)  # the same row again: ignored
+            loop_under_test.adopt(Row(2, "telegram:1"), after=1)  # the next one: started
         else:
             second_done.set()
 
     loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=held, release=held)
     await run_until(loop_under_test, second_done)
     assert started == [1, 2]
+
+
+async def test_a_conversation_whose_commit_saw_nothing_waiting_is_not_looked_at_again() -> None:
+    """When a row ends, its conversation is looked at again (its next row may be waiting), except
+    when its commit saw nothing waiting (`nothing_waiting`) and nothing was stored here for it since
+    (`wake` while it ran): under a held snapshot such a look-up walks every version of the head
+    for nothing. Rows other processes store meanwhile are found by the scans."""
+    rows = {session: Row(n, session) for n, session in enumerate(("telegram:1", "telegram:2", "telegram:3"))}
+    hinted: list[list[str]] = []
+    all_started, finish, looked_again = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    started = 0
+
+    async def claim(limit: int, sessions: Sequence[str] | None) -> list[Row]:
+        if sessions is None:  # the first scan takes the three rows
+            return [] if started else list(rows.values())
+        hinted.append(list(sessions))
+        looked_again.set()
+        return []
+
+    async def process(row: Row) -> None:
+        nonlocal started
+        started += 1
+        if started == len(rows):
+            all_started.set()
+        await finish.wait()
+        if row.session_id != "telegram:3":  # its commit asked to hand on and saw nothing waiting
+            loop_under_test.nothing_waiting(row.id)
+
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=held, release=held)
+    running = asyncio.create_task(loop_under_test.run())
+    try:
+        async with asyncio.timeout(10):
+            await all_started.wait()
+            loop_under_test.wake(["telegram:2"])  # a message of conversation 2 stored while it runs
+            finish.set()
+            await looked_again.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert hinted == [["telegram:2", "telegram:3"]]
+
+
+async def test_a_row_handed_on_from_another_task_ends_its_conversations_look() -> None:
+    """Delivery records a sent reply in a task of its own, which adopts the reply it handed on: the
+    sent reply's end must not send a claim to look at the conversation (its next row runs here)."""
+    hinted: list[list[str]] = []
+    second_started, scans_after, looked_again = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    finish_second = asyncio.Event()
+    scans = 0
+
+    async def claim(limit: int, sessions: Sequence[str] | None) -> list[Row]:
+        nonlocal scans
+        if sessions is None:
+            scans += 1
+            if second_started.is_set() and scans >= 3:  # the loop went round with the second row running
+                scans_after.set()
+            return [Row(1, "telegram:1")] if scans == 1 else []
+        hinted.append(list(sessions))
+        if finish_second.is_set():
+            looked_again.set()
+        return []
+
+    async def adopt_the_next() -> None:
+        loop_under_test.adopt(Row(2, "telegram:1"), after=1)
+
+    async def process(row: Row) -> None:
+        if row.id == 1:
+            await asyncio.create_task(adopt_the_next())
+        else:
+            second_started.set()
+            await finish_second.wait()
+
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 4, renew=held, release=held)
+    running = asyncio.create_task(loop_under_test.run())
+    try:
+        async with asyncio.timeout(10):
+            await scans_after.wait()
+            finish_second.set()
+            await looked_again.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert hinted == [["telegram:1"]]  # when the second row ended, not when the first did
 
 
 @pytest.mark.parametrize("waiting", [1000, 2000])
