@@ -132,7 +132,8 @@ class ClaimLoop(Generic[Row]):
         else:
             # A conversation whose row runs here has its head leased to it: a claim looking there reads
             # the head for nothing (on PostgreSQL under a held snapshot, every version the head kept).
-            # Its row's end names it again (`_finished`), or hands its next row on.
+            # Its row's end names it again (`_finished`: remembered here, even if that row's commit
+            # saw nothing waiting), or hands its next row on.
             running = [session for session in named if session in self._running_sessions]
             self._stored_here.update(running)
             waiting = [session for session in named if session not in self._running_sessions]
