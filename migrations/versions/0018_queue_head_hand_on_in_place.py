@@ -19,7 +19,9 @@ Revises: 0017
 Create Date: 2026-12-07
 """
 
+import importlib.util
 from collections.abc import Sequence
+from pathlib import Path
 
 import sqlalchemy as sa
 from alembic import op
@@ -72,41 +74,6 @@ BEGIN
 END
 """
 
-# 0017's, as it is there (the downgrade's).
-_BY_CTID_0017 = """
-DECLARE
-  head_at tid;
-  head_next bigint;
-  head_owner varchar;
-  row_next bigint;
-  row_due timestamptz;
-  row_owner varchar;
-BEGIN
-  SELECT h.ctid, h.next_id, h.lease_owner INTO head_at, head_next, head_owner FROM chatflow_queue_heads AS h
-    WHERE h.queue = '{table}' AND h.session_id = NEW.session_id FOR UPDATE;
-  SELECT p.id, p.next_attempt_at, p.lease_owner INTO row_next, row_due, row_owner FROM {table} AS p
-    WHERE p.session_id = NEW.session_id AND p.status = 'pending' AND p.id >= COALESCE(head_next, 0)
-    ORDER BY p.id LIMIT 1;
-  IF NEW.status <> 'pending' AND NEW.lease_owner IS NOT NULL AND NEW.lease_owner = OLD.lease_owner
-     AND NEW.lease_until IS DISTINCT FROM OLD.lease_until AND head_owner = OLD.lease_owner
-     AND row_next IS NOT NULL AND row_due <= now() AND (row_owner IS NULL OR row_owner = NEW.lease_owner)
-  THEN
-    IF row_owner IS NULL THEN
-      UPDATE {table} SET lease_owner = NEW.lease_owner, lease_until = NEW.lease_until
-        WHERE id = row_next;
-    END IF;
-    UPDATE chatflow_queue_heads
-      SET next_id = row_next, due_at = NEW.lease_until, lease_owner = NEW.lease_owner
-      WHERE ctid = head_at
-      AND (next_id, due_at, lease_owner) IS DISTINCT FROM (row_next, NEW.lease_until, NEW.lease_owner);
-  ELSE
-    UPDATE chatflow_queue_heads SET next_id = row_next, due_at = row_due, lease_owner = NULL
-      WHERE ctid = head_at AND (lease_owner IS NULL OR lease_owner = OLD.lease_owner);
-  END IF;
-  RETURN NULL;
-END
-"""
-
 
 def _replace(body: str) -> None:
     for table in TABLES:
@@ -135,4 +102,15 @@ def downgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
     _due_index("next_id IS NOT NULL")
-    _replace(_BY_CTID_0017)
+    _replace(_body_of_0017())
+
+
+def _body_of_0017() -> str:
+    """0017's functions, read from 0017 itself: the downgrade restores exactly what it installed."""
+    path = Path(__file__).with_name("0017_queue_head_updated_where_locked.py")
+    spec = importlib.util.spec_from_file_location("chatflow_migration_0017", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"migration 0017 not found at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module._BY_CTID)
