@@ -1,9 +1,10 @@
-"""A push that changes nothing writes nothing (migration 0013).
+"""Queue-head versions: what writes one, and what a look-up of a head walks while a snapshot is held.
 
-A conversation with a message waiting gets another: its queue head already points at the older one,
-and must not be rewritten. Every version written is one a held snapshot keeps for every later look-up
-of that head to walk (benchmarks/soak.py). On PostgreSQL the head row's `xmin` (the transaction that
-wrote its current version) says whether it was written; the SQLite file counts the rows changed.
+Every version written is one a held snapshot keeps for every later look-up of that head to walk
+(benchmarks/soak.py). A push that changes nothing writes nothing (migration 0013): on PostgreSQL the
+head row's `xmin` (the transaction that wrote its current version) says whether it was written; the
+SQLite file counts the rows changed. On PostgreSQL the look-ups walk each version once (0014, 0017, a
+claim by ctid), and a hand-on's version adds no key entry at all (0018).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def db(migrated_database: Database) -> Database:
 @pytest.fixture
 def postgres_only(db: Database) -> None:
     if db.dialect != "postgresql":
-        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
+        pytest.skip("only PostgreSQL keeps old row versions for a held snapshot")
 
 
 async def test_a_newer_message_leaves_the_head_as_it_was(db: Database) -> None:
@@ -167,14 +168,10 @@ async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on:
         one_walk = await _one_key_walk(db)
 
         before = await _head_key_reads(db)
-        async with db.begin() as conn:
-            values: dict[str, object] = {"status": "done"}
-            if hand_on:  # lease owner kept with a new end: the next row is leased to "w" with the head
-                values["lease_until"] = datetime.now(UTC) + timedelta(seconds=60)
-            else:
-                values.update(lease_owner=None, lease_until=None)
-            await conn.execute(update(InboxRow).where(InboxRow.id == row.id).values(**values))
-            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        if hand_on:  # lease owner kept with a new end: the next row is leased to "w" with the head
+            await _hand_on(db, row.id, datetime.now(UTC) + timedelta(seconds=60))
+        else:
+            await _settle(db, row.id)
         settle = await _head_key_reads(db) - before
     assert one_walk > settled  # the held snapshot keeps a key entry per head version
     assert settle <= one_walk + 2  # the lock's walk; by the key again, twice that
