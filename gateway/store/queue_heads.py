@@ -67,10 +67,12 @@ def lease_statement(hinted: bool = False, postgres: bool = False) -> Any:
     materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again when it rechecks a row
     another transaction changed, and lease more heads than `limit`.
 
-    `hinted`: only the heads of the conversations in the array `sessions`, found by primary key. The
-    due index is ordered by time, and a snapshot held open (a long report, pg_dump, an idle
+    `hinted`: only the heads of the conversations in the array `sessions`. With a few of them the
+    planner finds them by primary key; with 16 or more (a claim names up to 128) it may read the due
+    index, or the whole table to find the locked versions, instead (docs/postgres-performance.md).
+    The due index is ordered by time, and a snapshot held open (a long report, pg_dump, an idle
     replication slot) keeps every head version written meanwhile in it, in front of the due heads,
-    for every claim to step over; a conversation's own versions are few (see ClaimLoop).
+    for every claim to step over; so does the primary key for each head's own versions.
 
     `postgres`: the lease updates the head versions the CTE locked, by `ctid`, instead of looking each
     head up by its key again, past the versions a held snapshot keeps (as the settle triggers do,

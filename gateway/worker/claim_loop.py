@@ -14,8 +14,8 @@ conversation on (`adopt`) or saw nothing of it waiting while nothing was stored 
 (`nothing_waiting`). Every IDLE_POLL_SECONDS (every
 BUSY_SCAN_SECONDS while hinted claims keep taking rows), and again at once after such a scan found
 rows nobody hinted, it looks at every due head instead, which finds the rest: other processes' rows,
-retries come due, leases a crashed process left. On PostgreSQL the
-hinted look-up goes by primary key, which a held snapshot does not slow down (store/queue_heads.py).
+retries come due, leases a crashed process left. On PostgreSQL a hinted look-up reads only the
+named heads, by primary key when it names few (store/queue_heads.py).
 
 Leases are short (a crashed process's rows are taken over within one lease) and a heartbeat renews
 those of the rows in flight every third of a lease (with the rows a task took on besides its own, see
@@ -46,7 +46,7 @@ IDLE_POLL_SECONDS = 0.5  # how often an idle loop looks for rows other processes
 # How often a loop whose hinted claims keep taking rows looks at every due head: on PostgreSQL that scan
 # reads the due index from its oldest entry, and while a snapshot is held open every head version
 # written meanwhile is there to step over (29,000 pages a scan after 3 minutes, a tenth of the
-# server's time at 2 scans a second); hinted claims go by primary key instead.
+# server's time at 2 scans a second); hinted claims name their heads instead.
 BUSY_SCAN_SECONDS = 2.0
 # A scripted turn costs the event loop ~0.8 ms, so 32 every 0.2 s still took 13% of it during a flood.
 BUSY_CLAIM_DELAY_SECONDS = 0.2
