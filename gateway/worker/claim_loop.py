@@ -14,8 +14,8 @@ conversation on (`adopt`) or saw nothing of it waiting while nothing was stored 
 (`nothing_waiting`). Every IDLE_POLL_SECONDS (every
 BUSY_SCAN_SECONDS while hinted claims keep taking rows), and again at once after such a scan found
 rows nobody hinted, it looks at every due head instead, which finds the rest: other processes' rows,
-retries come due, leases a crashed process left. On PostgreSQL a hinted look-up reads only the
-named heads, by primary key when it names few (store/queue_heads.py).
+retries come due, leases a crashed process left. On PostgreSQL a hinted claim names its heads (the
+planner finds them by primary key when they are few: store/queue_heads.py).
 
 Leases are short (a crashed process's rows are taken over within one lease) and a heartbeat renews
 those of the rows in flight every third of a lease (with the rows a task took on besides its own, see
