@@ -57,7 +57,7 @@ async def claim(
     """Lease up to `limit` claimable rows of `table` (a mapped class) to `owner`, oldest first.
 
     `sessions`: conversations worth a look (new work arrived there). On PostgreSQL the claim then
-    takes from their heads alone (by primary key when they are few: queue_heads.py); the SQLite file,
+    takes from their heads alone (by primary key for a dozen: queue_heads.py); the SQLite file,
     whose claim never meets dead row versions, looks at every due head all the same. Whatever it
     takes is claimable either way: the hint narrows the look-up, not the rule."""
     check_owner(owner)

@@ -67,9 +67,9 @@ def lease_statement(hinted: bool = False, postgres: bool = False) -> Any:
     materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again when it rechecks a row
     another transaction changed, and lease more heads than `limit`.
 
-    `hinted`: only the heads of the conversations in the array `sessions`. With a few of them the
-    planner finds them by primary key; with 16 or more (a claim names up to 128) it may read the due
-    index, or the whole table to find the locked versions, instead (docs/postgres-performance.md).
+    `hinted`: only the heads of the conversations in the array `sessions`. With a dozen of them (the
+    claim loop names at most MAX_HINTS_PER_CLAIM) the planner finds them by primary key; with 128 it
+    read the due index, and the whole table to find the locked versions (docs/postgres-performance.md).
     The due index is ordered by time, and a snapshot held open (a long report, pg_dump, an idle
     replication slot) keeps every head version written meanwhile in it, in front of the due heads,
     for every claim to step over; so does the primary key for each head's own versions.

@@ -14,8 +14,8 @@ conversation on (`adopt`) or saw nothing of it waiting while nothing was stored 
 (`nothing_waiting`). Every IDLE_POLL_SECONDS (every
 BUSY_SCAN_SECONDS while hinted claims keep taking rows), and again at once after such a scan found
 rows nobody hinted, it looks at every due head instead, which finds the rest: other processes' rows,
-retries come due, leases a crashed process left. On PostgreSQL a hinted claim names its heads (the
-planner finds them by primary key when they are few: store/queue_heads.py).
+retries come due, leases a crashed process left. On PostgreSQL a hinted claim names at most
+MAX_HINTS_PER_CLAIM heads, which the planner then finds by primary key (store/queue_heads.py).
 
 Leases are short (a crashed process's rows are taken over within one lease) and a heartbeat renews
 those of the rows in flight every third of a lease (with the rows a task took on besides its own, see
@@ -57,6 +57,12 @@ BUSY_CLAIM_ROWS = 4
 # 30-70, acks/s 0.84-0.88 of the same run's without model traffic; with this bound 36 ms and 0.94-1.11).
 MAX_CLAIM_ROWS = 64
 HINTS_PER_ROW = 2  # conversations a hinted claim looks at, per row it may take
+# Conversations one hinted claim names at most. On PostgreSQL a claim of 64 heads (128 named) was
+# planned as a hash join over the whole heads table to update the heads it locked, where a dozen are
+# updated by `ctid`; under a held snapshot that table holds every head version written since. Held
+# runs of `benchmarks/soak.py --minutes 0` the same hour: 422 and 428 turns/s held (baselines 549 and
+# 548) with this bound, 322 to 361 (baselines 450 to 530) without. The SQLite file ignores hints.
+MAX_HINTS_PER_CLAIM = 12
 DEFAULT_LEASE_SECONDS = 30.0  # how long a crashed process's rows wait before another takes them
 HOST_CHARS = 32  # of the host name in an owner id: Kubernetes pod names reach 63, the column holds 64
 
@@ -233,14 +239,15 @@ class ClaimLoop(Generic[Row]):
     def _where_to_look(self, limit: int) -> list[str] | None:
         """None: every due head (at most every poll, or when woken without sessions); else the
         conversations hinted first, at most HINTS_PER_ROW for each row wanted (some may hold no
-        due row: leased, or done already), [] when there are none."""
+        due row: leased, or done already) and MAX_HINTS_PER_CLAIM in all (the next claims name the
+        rest), [] when there are none."""
         now = asyncio.get_running_loop().time()
         if now >= self._scan_at:
             self._scan_at = now + (BUSY_SCAN_SECONDS if self._hints_took_rows else IDLE_POLL_SECONDS)
             self._hints_took_rows = False
             self._hinted_before_scan = tuple(self._hints)
             return None
-        sessions = list(itertools.islice(self._hints, limit * HINTS_PER_ROW))
+        sessions = list(itertools.islice(self._hints, min(limit * HINTS_PER_ROW, MAX_HINTS_PER_CLAIM)))
         for session in sessions:
             del self._hints[session]
         return sessions

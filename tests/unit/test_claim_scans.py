@@ -280,3 +280,45 @@ async def test_a_conversation_running_here_is_looked_at_again_when_its_row_ends_
     await running
     assert sorted(done) == [1, 2, 3]
     assert hinted_while_running.count("telegram:1") == 0, hinted_while_running
+
+
+async def test_a_hinted_claim_names_a_dozen_conversations_and_the_next_claims_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On PostgreSQL a claim of dozens of hinted heads was planned as a join over the whole heads table:
+    each claim names at most MAX_HINTS_PER_CLAIM conversations, and none of the hinted ones is lost.
+    (No scan runs after the first one here: a scan would take every due head, hinted or not.)"""
+    monkeypatch.setattr(claim_loop, "IDLE_POLL_SECONDS", 60.0)
+    monkeypatch.setattr(claim_loop, "BUSY_SCAN_SECONDS", 60.0)
+    hinted: list[list[str]] = []
+    waiting = {f"telegram:{n}" for n in range(40)}
+    scanned, all_taken = asyncio.Event(), asyncio.Event()
+    numbers = iter(range(10**9))
+
+    async def claim(limit: int, sessions: Sequence[str] | None) -> list[Row]:
+        if sessions is None:  # the loop's first look, before anything is stored
+            scanned.set()
+            return []
+        hinted.append(list(sessions))
+        taken = [Row(next(numbers), s) for s in sessions if s in waiting]
+        waiting.difference_update(sessions)
+        if not waiting:
+            all_taken.set()
+        return taken
+
+    async def process(row: Row) -> None:
+        await asyncio.sleep(0)
+
+    loop_under_test: ClaimLoop[Row] = ClaimLoop("test", claim, process, 2000, renew=held, release=held)
+    running = asyncio.create_task(loop_under_test.run())
+    try:
+        async with asyncio.timeout(10):
+            await scanned.wait()
+            loop_under_test.wake(sorted(waiting))
+            await all_taken.wait()
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+    assert max(len(names) for names in hinted) == claim_loop.MAX_HINTS_PER_CLAIM == 12
+    # Three claims of 12, then the last 4 (with conversations whose rows ended meanwhile).
+    assert {name for names in hinted[:4] for name in names} >= {f"telegram:{n}" for n in range(40)}
