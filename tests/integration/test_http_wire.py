@@ -257,7 +257,7 @@ async def test_connections_are_used_again_whatever_their_descriptor_number() -> 
     watch: the check of an idle connection must still work there."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1200:
-        pytest.skip(f"the open-files limit ({hard}) is below the 1,200 descriptors this needs")
+        pytest.skip(reason=f"the open-files limit ({hard}) is below the 1,200 descriptors this needs")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     fillers = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
 

@@ -38,7 +38,7 @@ def db(migrated_database: Database) -> Database:
 @pytest.fixture
 def postgres_only(db: Database) -> None:
     if db.dialect != "postgresql":
-        pytest.skip("only PostgreSQL keeps old row versions for a held snapshot")
+        pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
 
 
 async def test_a_newer_message_leaves_the_head_as_it_was(db: Database) -> None:
