@@ -60,8 +60,8 @@ HINTS_PER_ROW = 2  # conversations a hinted claim looks at, per row it may take
 # Conversations one hinted claim names at most. On PostgreSQL a claim of 64 heads (128 named) was
 # planned as a hash join over the whole heads table to update the heads it locked, where a dozen are
 # updated by `ctid`; under a held snapshot that table holds every head version written since. Held
-# runs of `benchmarks/soak.py --minutes 0` the same hour: 422 and 428 turns/s held (baselines 549 and
-# 548) with this bound, 322 to 361 (baselines 450 to 530) without. The SQLite file ignores hints.
+# runs of `benchmarks/soak.py --minutes 0` the same hour: 389 to 428 turns/s held (baselines 532 to
+# 549) with this bound, 322 to 361 (baselines 450 to 530) without. The SQLite file ignores hints.
 MAX_HINTS_PER_CLAIM = 12
 DEFAULT_LEASE_SECONDS = 30.0  # how long a crashed process's rows wait before another takes them
 HOST_CHARS = 32  # of the host name in an owner id: Kubernetes pod names reach 63, the column holds 64
