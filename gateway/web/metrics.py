@@ -36,7 +36,7 @@ from starlette.responses import Response
 from gateway.domain.claims import ClaimHealth
 from gateway.domain.usage import LATENCY_BUCKETS as MODEL_LATENCY_BUCKETS
 from gateway.domain.usage import ModelStats
-from gateway.store import outbox
+from gateway.store import outbox, xmin_horizon
 from gateway.store.database import FAILURE_ERRORS
 
 SCRAPE_READ_SECONDS = 1.0
@@ -68,6 +68,7 @@ class HttpMetrics:
         self._series: dict[tuple[str, str, int], _Series] = {}
         self._claims: dict[str, ClaimHealth] = {}
         self._waiting: list[outbox.Waiting] = []
+        self._horizon: xmin_horizon.Horizon | None = None
         self._models: ModelStats | None = None
         self.registry.register(self)
 
@@ -118,9 +119,10 @@ class HttpMetrics:
     async def endpoint(self, request: Request) -> Response:
         database = getattr(request.state, "database", None)
         if database is not None:
-            try:  # a read per scrape: the replies waiting on a platform that keeps failing
+            try:  # reads per scrape: replies waiting on a failing platform, PostgreSQL's xmin horizon
                 async with asyncio.timeout(SCRAPE_READ_SECONDS):
                     self._waiting = await outbox.waiting(database)
+                    self._horizon = await xmin_horizon.read(database)
             except FAILURE_ERRORS:  # TimeoutError is an OSError
                 pass  # the last figures stand; /readyz says the database is away
         return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
@@ -149,6 +151,19 @@ class HttpMetrics:
         yield failures
         yield failing
         yield waiting
+        if self._horizon is not None:
+            yield GaugeMetricFamily(
+                "gateway_postgres_oldest_snapshot_seconds",
+                "Age of the oldest open transaction holding a snapshot (another session's or a prepared "
+                "one): VACUUM keeps every row version dead since, and queue look-ups slow down. 0: none.",
+                value=self._horizon.oldest_snapshot_seconds,
+            )
+            yield GaugeMetricFamily(
+                "gateway_postgres_xmin_horizon_xids",
+                "Transactions since the oldest xmin held by a session, a replication slot or a prepared "
+                "transaction (age(xmin)).",
+                value=self._horizon.xids,
+            )
 
 
 def _model_metrics(stats: ModelStats) -> Iterator[Metric]:

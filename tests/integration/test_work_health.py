@@ -9,6 +9,7 @@ webhooks, which do not need it, still store.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -109,3 +110,38 @@ def test_replies_waiting_on_a_failing_platform_are_named_while_ready(gateway: st
     assert ready.status_code == 200
     assert ready.json()["outbox_waiting"]["telegram"]["rows"] == 1
     assert metric(gateway, 'gateway_outbox_waiting_rows{platform="telegram"}') == 1
+
+
+def test_a_snapshot_held_open_shows_in_metrics(gateway: str, migrated_url: str) -> None:
+    """A held xmin horizon slows every queue look-up (benchmarks/soak.py): /metrics says how old the
+    oldest open snapshot is and how many transactions ran since, so operators can alert on it."""
+    if not migrated_url.startswith("postgresql"):
+        assert metric(gateway, "gateway_postgres_oldest_snapshot_seconds") is None
+        assert metric(gateway, "gateway_postgres_xmin_horizon_xids") is None
+        return
+
+    async def hold_then_scrape() -> tuple[float | None, float | None, float]:
+        engine = create_engine(migrated_url)
+        try:
+            async with engine.connect() as holder:
+                await holder.execution_options(isolation_level="REPEATABLE READ")
+                async with holder.begin():
+                    # The first read takes the snapshot; the transaction's start is its `now()`.
+                    began = (await holder.execute(text("SELECT extract(epoch FROM now())"))).scalar_one()
+                    for n in range(3):  # transactions that the held xmin is older than
+                        await execute(migrated_url, f"INSERT INTO chatflow_health VALUES ('xmin {n}', now())")
+                    at_scrape = time.time()
+                    seconds = metric(gateway, "gateway_postgres_oldest_snapshot_seconds")
+                    xids = metric(gateway, "gateway_postgres_xmin_horizon_xids")
+            return seconds, xids, at_scrape - float(began)
+        finally:
+            await engine.dispose()
+
+    seconds, xids, held_for = asyncio.run(hold_then_scrape())
+    assert seconds is not None
+    assert seconds >= held_for - 0.01  # scraped after it: at least as old as it was then
+    assert xids is not None
+    assert xids >= 3
+    after = metric(gateway, "gateway_postgres_oldest_snapshot_seconds")
+    assert after is not None
+    assert after < held_for
