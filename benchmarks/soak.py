@@ -21,8 +21,9 @@ with autovacuum off, which no production server should; the report names the set
    VACUUM can then reclaim none of the rows updated meanwhile. The goal: turns/s while held within 20 %
    of the baseline (a generic SKIP LOCKED queue lost 35 % in a public torture test). `--control` runs
    the same two parts without taking the snapshot: what the run's own drift does to the ratio. Each
-   part also reports the database's page reads per turn and, for the rows every turn rewrites (queue
-   heads, sessions), the row updates per turn and the share of them that were HOT updates.
+   part also reports the database's page reads per turn, for the rows every turn rewrites (queue
+   heads, sessions) the row updates per turn and the share of them that were HOT updates, and, on the
+   private server, the CPU per turn of the database server and of the gateway (from /proc).
 
 It prints markdown tables and writes them to benchmarks/soak_results.md.
 """
@@ -211,6 +212,9 @@ class Held:
     pages_per_turn: tuple[float, float]  # baseline, held: the database's page reads per reply
     # baseline, held: per table of UPDATED, (row updates per reply, the share of them that were HOT)
     updates: tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]
+    # baseline, held: CPU ms per reply of the database server and of the gateway; None with a server
+    # of --postgres-url (its processes are not known)
+    cpu_per_turn: tuple[tuple[float, float], tuple[float, float]] | None = None
 
 
 UPDATED = ("chatflow_queue_heads", "chatflow_sessions")
@@ -224,6 +228,21 @@ async def updates_so_far(conn: asyncpg.Connection) -> dict[str, tuple[int, int]]
         list(UPDATED),
     )
     return {r["relname"]: (r["n_tup_upd"], r["n_tup_hot_upd"]) for r in rows}
+
+
+def cpu_seconds(pids: list[int], reaped_of: int | None = None) -> float:
+    """User + system CPU of the live processes `pids`, plus what the reaped children of `reaped_of`
+    (the postmaster) used: a backend or autovacuum worker that ends keeps counting."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+        if pid == reaped_of:
+            total += int(fields[13]) + int(fields[14])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def pages_read(conn: asyncpg.Connection) -> int:
@@ -271,12 +290,16 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         stats = await asyncpg.connect(dsn(database_url))
         holder = await asyncpg.connect(dsn(database_url))
 
-        async def measure(seconds: float) -> tuple[list[float], float, dict[str, tuple[float, float]]]:
-            """Turns/s per 30 s window, the database's page reads per reply, and per table of UPDATED its
-            updates per reply and their HOT share."""
+        async def measure(
+            seconds: float,
+        ) -> tuple[list[float], float, dict[str, tuple[float, float]], tuple[float, float] | None]:
+            """Turns/s per 30 s window, the database's page reads per reply, per table of UPDATED its
+            updates per reply and their HOT share, and the CPU ms per reply of the database server and
+            of the gateway (None when the server's processes are not known)."""
             rates = []
             pages, first_reply = await pages_read(stats), replies
             updated = await updates_so_far(stats)
+            cpu_first = args.cpu_probe() if args.cpu_probe else None
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 before, at = replies, time.monotonic()
@@ -289,11 +312,18 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
             for table, (total, hot) in now_updated.items():
                 done, done_hot = total - updated[table][0], hot - updated[table][1]
                 shares[table] = (done / turns, done_hot / max(1, done))
-            return rates, (await pages_read(stats) - pages) / turns, shares
+            cpu = None
+            if cpu_first is not None:
+                cpu_last = args.cpu_probe()
+                cpu = (
+                    (cpu_last[0] - cpu_first[0]) * 1000 / turns,
+                    (cpu_last[1] - cpu_first[1]) * 1000 / turns,
+                )
+            return rates, (await pages_read(stats) - pages) / turns, shares, cpu
 
         log(f"held xmin: warm-up 30 s, baseline {args.hold_seconds:.0f} s ...")
         await measure(30)
-        baseline, baseline_pages, baseline_updates = await measure(args.hold_seconds)
+        baseline, baseline_pages, baseline_updates, baseline_cpu = await measure(args.hold_seconds)
         dead_before = {t: f[1] for t, f in (await table_figures(stats)).items()}
         log(
             f"held xmin: {'no snapshot (control)' if args.control else 'a REPEATABLE READ snapshot held'} "
@@ -304,7 +334,7 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         if not args.control:
             await holder.fetchval("SELECT count(*) FROM chatflow_queue_heads")  # takes the snapshot
         try:
-            held, held_pages, held_updates = await measure(args.hold_seconds)
+            held, held_pages, held_updates, held_cpu = await measure(args.hold_seconds)
             dead_after = {t: f[1] for t, f in (await table_figures(stats)).items()}
         finally:
             await transaction.rollback()
@@ -320,6 +350,7 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
         dead_after,
         (baseline_pages, held_pages),
         (baseline_updates, held_updates),
+        None if baseline_cpu is None or held_cpu is None else (baseline_cpu, held_cpu),
     )
 
 
@@ -408,6 +439,14 @@ def report(minutes: list[Minute], held: Held | None, args: argparse.Namespace, s
             )
             + ".\n"
         )
+        if held.cpu_per_turn is not None:
+            (base_db, base_gateway), (held_db, held_gateway) = held.cpu_per_turn
+            second = "second part" if args.control else "held"
+            parts.append(
+                "CPU per turn (user + system, from /proc; the machine's cores are shared, so the two "
+                f"compete): the database server {base_db:.2f} ms in the baseline, {held_db:.2f} ms "
+                f"{second}; the gateway {base_gateway:.2f} ms, then {held_gateway:.2f} ms.\n"
+            )
     return "\n".join(parts)
 
 
@@ -445,11 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
-    private = None
+    private = args.private = None
     if not args.postgres_url:
         if fk.postgres_bin() is None:
             parser.error("no PostgreSQL binaries under /usr/lib/postgresql/*/bin: give --postgres-url")
-        private = fk.PrivatePostgres(durable=True)
+        private = args.private = fk.PrivatePostgres(durable=True)
         private.start()
         args.postgres_url = private.url()
     try:
@@ -470,6 +509,15 @@ def _run(args: argparse.Namespace) -> int:
         try:
             with pg.FreshDatabase(args.postgres_url) as url:
                 gateway = e2e.start_gateway(workdir, fake.url, url)
+                args.cpu_probe = None
+                if args.private is not None:
+                    server, gateway_pid = args.private, gateway.process.pid
+
+                    def cpu_probe() -> tuple[float, float]:
+                        pids = server.server_pids()
+                        return cpu_seconds(pids, pids[0] if pids else None), cpu_seconds([gateway_pid])
+
+                    args.cpu_probe = cpu_probe
                 try:
                     if args.minutes > 0:
                         log(f"soak: {args.minutes:g} min at {args.rate:g}/s ...")
