@@ -21,11 +21,14 @@ from sqlalchemy import text
 from gateway.store.database import Database
 
 # The scraping session's own snapshot is left out; the gateway's other sessions hold theirs for a
-# statement at a time, so they show as ~0.
+# statement at a time, so they show as ~0. So are autovacuum workers: others' horizons ignore a
+# vacuum's xmin, and a long one on a big table is no alarm (to a role without pg_monitor their
+# `backend_type` reads NULL, so they count there).
 _HORIZON = text(
     "WITH held AS ("
     " SELECT backend_xmin AS xmin, xact_start AS since FROM pg_stat_activity"
     " WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
+    " AND backend_type IS DISTINCT FROM 'autovacuum worker'"
     " UNION ALL SELECT transaction, prepared FROM pg_prepared_xacts"
     " UNION ALL SELECT xmin, NULL FROM pg_replication_slots"
     " UNION ALL SELECT catalog_xmin, NULL FROM pg_replication_slots)"
