@@ -112,13 +112,18 @@ def test_replies_waiting_on_a_failing_platform_are_named_while_ready(gateway: st
     assert metric(gateway, 'gateway_outbox_waiting_rows{platform="telegram"}') == 1
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_sqlite_file_exports_no_xmin_horizon(gateway: str) -> None:
+    assert metric(gateway, "gateway_postgres_oldest_snapshot_seconds") is None
+    assert metric(gateway, "gateway_postgres_xmin_horizon_xids") is None
+
+
+@pytest.mark.parametrize(
+    "database_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 def test_a_snapshot_held_open_shows_in_metrics(gateway: str, migrated_url: str) -> None:
     """A held xmin horizon slows every queue look-up (benchmarks/soak.py): /metrics says how old the
     oldest open snapshot is and how many transactions ran since, so operators can alert on it."""
-    if not migrated_url.startswith("postgresql"):
-        assert metric(gateway, "gateway_postgres_oldest_snapshot_seconds") is None
-        assert metric(gateway, "gateway_postgres_xmin_horizon_xids") is None
-        return
 
     async def hold_then_scrape() -> tuple[float | None, float | None, float]:
         engine = create_engine(migrated_url)
