@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -245,6 +246,19 @@ def cpu_seconds(pids: list[int], reaped_of: int | None = None) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+CpuProbe = Callable[[], tuple[float, float]]
+
+
+def cpu_probe(server: fk.PrivatePostgres, gateway_pid: int) -> CpuProbe:
+    """The CPU seconds so far of `server` (the postmaster is its first pid) and of the gateway."""
+
+    def probe() -> tuple[float, float]:
+        pids = server.server_pids()
+        return cpu_seconds(pids, pids[0] if pids else None), cpu_seconds([gateway_pid])
+
+    return probe
+
+
 async def pages_read(conn: asyncpg.Connection) -> int:
     """Pages the database has read so far (its statements and autovacuum), from shared buffers or not:
     what a held snapshot multiplies (each look-up walks the versions it keeps), whatever the machine's
@@ -256,7 +270,14 @@ async def pages_read(conn: asyncpg.Connection) -> int:
     )
 
 
-async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.Namespace) -> Held:
+async def held_xmin(
+    url: str,
+    database_url: str,
+    fake_url: str,
+    args: argparse.Namespace,
+    cpu_probe: CpuProbe | None = None,
+) -> Held:
+    """`cpu_probe`: the CPU seconds so far of the database server and of the gateway, when known."""
     poster = Poster(url, args.conversations)
     poster.next = 10_000_000  # other update ids than the soak's
     async with httpx.AsyncClient(base_url=fake_url, timeout=30) as client:
@@ -299,7 +320,7 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
             rates = []
             pages, first_reply = await pages_read(stats), replies
             updated = await updates_so_far(stats)
-            cpu_first = args.cpu_probe() if args.cpu_probe else None
+            cpu_first = cpu_probe() if cpu_probe else None
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 before, at = replies, time.monotonic()
@@ -313,8 +334,8 @@ async def held_xmin(url: str, database_url: str, fake_url: str, args: argparse.N
                 done, done_hot = total - updated[table][0], hot - updated[table][1]
                 shares[table] = (done / turns, done_hot / max(1, done))
             cpu = None
-            if cpu_first is not None:
-                cpu_last = args.cpu_probe()
+            if cpu_probe is not None and cpu_first is not None:
+                cpu_last = cpu_probe()
                 cpu = (
                     (cpu_last[0] - cpu_first[0]) * 1000 / turns,
                     (cpu_last[1] - cpu_first[1]) * 1000 / turns,
@@ -484,21 +505,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
-    private = args.private = None
+    private = None
     if not args.postgres_url:
         if fk.postgres_bin() is None:
             parser.error("no PostgreSQL binaries under /usr/lib/postgresql/*/bin: give --postgres-url")
-        private = args.private = fk.PrivatePostgres(durable=True)
+        private = fk.PrivatePostgres(durable=True)
         private.start()
         args.postgres_url = private.url()
     try:
-        return _run(args)
+        return _run(args, private)
     finally:
         if private is not None:
             private.close()
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, private: fk.PrivatePostgres | None) -> int:
     started = time.perf_counter()
     args.server_settings = asyncio.run(_server_settings(args.postgres_url))
     minutes: list[Minute] = []
@@ -509,21 +530,13 @@ def _run(args: argparse.Namespace) -> int:
         try:
             with pg.FreshDatabase(args.postgres_url) as url:
                 gateway = e2e.start_gateway(workdir, fake.url, url)
-                args.cpu_probe = None
-                if args.private is not None:
-                    server, gateway_pid = args.private, gateway.process.pid
-
-                    def cpu_probe() -> tuple[float, float]:
-                        pids = server.server_pids()
-                        return cpu_seconds(pids, pids[0] if pids else None), cpu_seconds([gateway_pid])
-
-                    args.cpu_probe = cpu_probe
+                probe = None if private is None else cpu_probe(private, gateway.process.pid)
                 try:
                     if args.minutes > 0:
                         log(f"soak: {args.minutes:g} min at {args.rate:g}/s ...")
                         minutes = asyncio.run(soak(gateway.url, url, fake.url, args))
                     if args.hold_seconds > 0:
-                        held = asyncio.run(held_xmin(gateway.url, url, fake.url, args))
+                        held = asyncio.run(held_xmin(gateway.url, url, fake.url, args, probe))
                 finally:
                     gateway.stop()
         finally:
