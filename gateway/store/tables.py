@@ -224,6 +224,9 @@ class QueueHeadRow(Base):
 
     queue: Mapped[str] = mapped_column(String(32), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # PostgreSQL: one more than the version before, and the key's last column, so a look-up reads the
+    # newest version first, past those a held snapshot keeps (migration 0019). Always 0 on SQLite.
+    ver: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     next_id: Mapped[int | None] = mapped_column(BigInteger)  # None: nothing pending
     # When the head may be claimed: its row's next attempt, or while leased the lease's end.
     due_at: Mapped[datetime | None]

@@ -190,17 +190,21 @@ async def test_no_hot_statement_reads_a_whole_table(
                 offenders.append(f"{statement}\n" + "\n".join(lines))
     assert not offenders, "\n\n".join(offenders)
     # A hinted claim (naming 1, 2 or MAX_HINTS_PER_CLAIM conversations, as the claim loop does under
-    # load) finds their heads by primary key: the due index, where a held snapshot keeps every head
-    # version written meanwhile, is not read at all, nor the whole heads table (the generic check
-    # above). Naming 128 was planned as both (docs/postgres-performance.md).
-    hinted_claims = [(s, p) for s, p in captured if "ANY" in s and "chatflow_queue_heads" in s]
-    assert len(hinted_claims) == 3, hinted_claims
+    # load) finds each named head newest version first (a backward scan of the key) and locks that
+    # version by ctid: the due index, where a held snapshot keeps every head version written meanwhile,
+    # is not read at all, nor the whole heads table (the generic check above), nor the key forwards,
+    # through the held versions (migration 0019, docs/postgres-performance.md). So does a renewal.
+    newest_first = [(s, p) for s, p in captured if "unnest" in s and "chatflow_queue_heads" in s]
+    assert len([s for s, _ in newest_first if "FOR UPDATE" in s]) == 3, newest_first
+    assert len(newest_first) == 4, newest_first  # and the renewal
     async with db.connect() as conn:
-        for statement, parameters in hinted_claims:
+        for statement, parameters in newest_first:
             plan_text = " ".join(
                 row[0] for row in await conn.exec_driver_sql("EXPLAIN " + statement, parameters)
             )
-            assert "pk_chatflow_queue_heads" in plan_text, plan_text
+            assert "Index Scan Backward using pk_chatflow_queue_heads" in plan_text, plan_text
+            assert "Index Scan using pk_chatflow_queue_heads" not in plan_text, plan_text
+            assert "Tid Scan on chatflow_queue_heads" in plan_text, plan_text
             assert "ix_chatflow_queue_heads_due" not in plan_text, plan_text
     # The check itself sees a whole-table read.
     async with db.connect() as conn:

@@ -1,10 +1,11 @@
 """Queue-head versions: what writes one, and what a look-up of a head walks while a snapshot is held.
 
-Every version written is one a held snapshot keeps for every later look-up of that head to walk
-(benchmarks/soak.py). A push that changes nothing writes nothing (migration 0013): on PostgreSQL the
-head row's `xmin` (the transaction that wrote its current version) says whether it was written; the
-SQLite file counts the rows changed. On PostgreSQL the look-ups walk each version once (0014, 0017, a
-claim by ctid), and a hand-on's version adds no key entry at all (0018).
+Every version written is one a held snapshot keeps (benchmarks/soak.py). A push that changes nothing
+writes nothing (migration 0013): on PostgreSQL the head row's `xmin` (the transaction that wrote its
+current version) says whether it was written; the SQLite file counts the rows changed. On PostgreSQL
+every write of a head is a new `ver`, the key's last column, and every look-up reads the key backwards
+from the newest version (0019): it reads one or two entries however many versions a held snapshot keeps,
+where a look-up by `(queue, session_id)` alone reads them all.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ async def _head_key_reads(db: Database, statement: str = HEAD_KEY_READS) -> int:
 
 
 async def _one_key_walk(db: Database) -> int:
-    """Key entries one look-up of conversation a's head reads (as a settle's lock makes it)."""
+    """Key entries a look-up of conversation a's head by `(queue, session_id)` alone reads: one per
+    version a held snapshot keeps."""
     before = await _head_key_reads(db)
     async with db.begin() as conn:
         await conn.execute(text(f"SELECT 1 {HEAD_A}"))
@@ -155,12 +157,15 @@ async def _one_key_walk(db: Database) -> int:
     return await _head_key_reads(db) - before
 
 
+NEWEST_FIRST = 3  # the newest version's entry, and one of a version not yet committed, plus one spare
+
+
 @pytest.mark.usefixtures("postgres_only")
 @pytest.mark.parametrize("hand_on", [False, True], ids=["let-go", "handed-on"])
-async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on: bool) -> None:
-    """Migration 0017: the settle trigger locks the head, then updates the version it locked (by ctid)
-    instead of looking the head up again through its primary key, whose entries a held snapshot keeps
-    one per version written since it was taken."""
+async def test_a_settle_reads_the_newest_head_version_alone(db: Database, hand_on: bool) -> None:
+    """Migration 0019: the settle trigger locks the head's newest version (a backward scan of the key,
+    `LIMIT 1`), then updates the version it locked (by ctid, 0017), past every version a held snapshot
+    keeps."""
     settled = 100
     await _store_a(db, settled + 3)
     async with _held_snapshot(db, settled):
@@ -174,7 +179,7 @@ async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on:
             await _settle(db, row.id)
         settle = await _head_key_reads(db) - before
     assert one_walk > settled  # the held snapshot keeps a key entry per head version
-    assert settle <= one_walk + 2  # the lock's walk; by the key again, twice that
+    assert settle <= NEWEST_FIRST  # before 0019, one_walk
     async with db.connect() as conn:
         owner, next_id = (await conn.execute(text(f"SELECT lease_owner, next_id {HEAD_A}"))).one()
         next_row = (await conn.execute(select(InboxRow.text).where(InboxRow.id == next_id))).scalar_one()
@@ -183,10 +188,30 @@ async def test_a_settle_walks_the_held_head_versions_once(db: Database, hand_on:
 
 
 @pytest.mark.usefixtures("postgres_only")
-async def test_a_hinted_claim_walks_the_held_head_versions_once(db: Database) -> None:
-    """A claim's lease updates the head versions its look-up locked (by ctid), not the heads looked up
-    again by key past every version a held snapshot keeps. Every index of the heads is counted: the
-    look-up may go by the due index or by the key."""
+async def test_a_push_reads_the_newest_head_version_alone(db: Database) -> None:
+    """A message stored for a conversation whose head a held snapshot keeps many versions of: its push
+    (the inbox's insert trigger) finds the head newest version first, and makes it point at the
+    message."""
+    settled = 100
+    await _store_a(db, settled)
+    async with _held_snapshot(db, settled):
+        one_walk = await _one_key_walk(db)
+        before = await _head_key_reads(db)
+        async with db.begin() as conn:
+            await conn.execute(insert(InboxRow), [inbox_row("a", settled, datetime.now(UTC))])
+            await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        push = await _head_key_reads(db) - before
+    assert one_walk > settled
+    assert push <= NEWEST_FIRST
+    (row,) = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+    assert row.text == f"a/{settled}"
+
+
+@pytest.mark.usefixtures("postgres_only")
+async def test_a_hinted_claim_reads_the_newest_head_version_alone(db: Database) -> None:
+    """A hinted claim finds each named head newest version first, locks it by its whole key and leases
+    the version it locked (by ctid). Every index of the heads is counted: the look-up may go by the due
+    index or by the key."""
     settled = 100
     now = await _store_a(db, settled + 2)
     later = now + timedelta(hours=1)  # other conversations' heads, not due: the planner's size of the table
@@ -213,7 +238,7 @@ async def test_a_hinted_claim_walks_the_held_head_versions_once(db: Database) ->
         claim = await _head_key_reads(db, HEAD_INDEX_READS) - before
     assert [body for _, body in claimed] == [f"a/{settled}"]
     assert one_walk > settled
-    assert claim <= one_walk + 2  # the look-up's walk (by the due index); by the key again, twice that
+    assert claim <= 2 * NEWEST_FIRST  # the newest version's look-up, then its lock by the whole key
     async with db.connect() as conn:
         assert (await conn.execute(text(f"SELECT lease_owner {HEAD_A}"))).scalar_one() == "w"
 
@@ -248,22 +273,25 @@ async def _head_a(db: Database) -> tuple[int, datetime, str | None]:
 
 
 @pytest.mark.usefixtures("postgres_only")
-async def test_hand_ons_under_a_held_snapshot_leave_the_heads_key_as_it_was(db: Database) -> None:
-    """Migration 0018: a hand-on changes no column an index of the heads names, so its version is a
-    HOT update: a held snapshot keeps the versions, but not one key entry each for every look-up of
-    the head to walk."""
+async def test_hand_ons_under_a_held_snapshot_keep_the_head_look_ups_flat(db: Database) -> None:
+    """A hand-on (a busy conversation's one head write a turn) under a held snapshot: the hundredth
+    reads the head's key no more than the first, though the snapshot keeps every version between."""
     handed = 100
     await _store_a(db, handed + 2)
     await inbox.claim(db, "w", timedelta(seconds=60), 10)
     row_id, lease_end, _ = await _head_a(db)
+    reads = []
     async with _held_snapshot(db, 0):
         for n in range(handed):
+            before = await _head_key_reads(db)
             await _hand_on(db, row_id, datetime.now(UTC) + timedelta(seconds=60, microseconds=n))
+            reads.append(await _head_key_reads(db) - before)
             next_id, due_at, owner = await _head_a(db)
             assert (next_id > row_id, due_at, owner) == (True, lease_end, "w")
             row_id = next_id
         one_walk = await _one_key_walk(db)
-    assert one_walk < handed / 10  # one entry per page the versions filled; before 0018, one per version
+    assert one_walk > handed  # the held versions, each with its key entry
+    assert max(reads) <= NEWEST_FIRST
     async with db.connect() as conn:
         body = (await conn.execute(select(InboxRow.text).where(InboxRow.id == row_id))).scalar_one()
     assert body == f"a/{handed}"
