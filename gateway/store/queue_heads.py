@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, and_, any_, bindparam, func, literal_column, select, true, update
+from sqlalchemy import ARRAY, and_, bindparam, func, literal_column, select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.orm import aliased
 
@@ -75,21 +75,20 @@ def lease_statement(hinted: bool = False, postgres: bool = False) -> Any:
     materialized CTE: as `IN (subquery)`, PostgreSQL may run the subquery again when it rechecks a row
     another transaction changed, and lease more heads than `limit`.
 
-    `hinted`: only the heads of the conversations in the array `sessions`, each found by its key.
-    Unhinted, the due index is read, ordered by time; a snapshot held open (a long report, pg_dump,
-    an idle replication slot) keeps every head version written meanwhile in it, in front of the due
-    heads, for the claim to step over (docs/postgres-performance.md).
+    `hinted` (PostgreSQL only): only the heads of the conversations in the array `sessions`, each
+    found newest version first (`newest_versions`) and locked where that version is (by `ctid`, its
+    `ver` checked), so a claim never walks the versions a held snapshot keeps. Unhinted, the due index
+    is read, ordered by time; a held snapshot keeps every head version written meanwhile in it, in
+    front of the due heads, for the claim to step over (docs/postgres-performance.md).
 
-    `postgres`: a hinted head is looked up newest version first (`newest_versions`), then locked by
-    its whole key, so a claim never walks the versions a held snapshot keeps; and the lease updates
-    the head versions the CTE locked, by `ctid`, as a new `ver` (migration 0019). Should another
-    transaction have changed a head after this statement's snapshot was taken, the lock meets a newer
-    version: a hinted look-up then no longer matches its `ver`, and an unhinted one's update does not
-    see it; either way the head is left as it is, for a later claim."""
+    `postgres`: the lease updates the head versions the CTE locked, by `ctid`, as a new `ver`
+    (migration 0019). Should another transaction have changed a head after this statement's snapshot
+    was taken, the lock meets a newer version: a hinted look-up then no longer matches its `ver`, and
+    an unhinted one's update does not see it; either way the head is left as it is, for a later claim."""
     queue = bindparam("b_queue", type_=Head.queue.type)
     now = bindparam("now", type_=Head.due_at.type)
     picked = [Head.session_id, _ctid(Head.__tablename__).label("at")] if postgres else [Head.session_id]
-    if hinted and postgres:
+    if hinted:
         # Due or not by the newest version itself: a condition on the locked table's `due_at` would
         # let the planner go by the due index, through every version a held snapshot keeps.
         newest = newest_versions(queue, bindparam("sessions", type_=ARRAY(Head.session_id.type)))
@@ -101,8 +100,6 @@ def lease_statement(hinted: bool = False, postgres: bool = False) -> Any:
         )
     else:
         due = select(*picked).where(Head.queue == queue, Head.next_id.is_not(None), Head.due_at <= now)
-        if hinted:
-            due = due.where(Head.session_id == any_(bindparam("sessions", type_=ARRAY(Head.session_id.type))))
         due = due.order_by(Head.due_at)
     due_cte = (
         due.limit(bindparam("limit"))
