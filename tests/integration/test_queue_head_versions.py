@@ -10,6 +10,7 @@ where a look-up by `(queue, session_id)` alone reads them all.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,7 @@ from gateway.store.database import Database
 from gateway.store.postgres_lanes import PostgresLanes, Statement
 from gateway.store.tables import InboxRow
 from tests.integration.test_claim_hints import inbox_row
+from tests.integration.test_migrations import wait_for_lock_waiters
 
 HEAD_VERSION = {
     "postgresql": "SELECT xmin::text FROM chatflow_queue_heads WHERE queue = 'chatflow_inbox' "
@@ -312,3 +314,36 @@ async def test_a_hand_on_with_less_than_half_the_lease_left_moves_the_heads_end(
     await _hand_on(db, next_id, until + timedelta(seconds=1))  # 60 s left of 61: kept
     assert (await _head_a(db))[1:] == (until, "w")
     assert await inbox.claim(db, "other", timedelta(seconds=30), 10) == []
+
+
+async def test_two_transactions_creating_one_conversations_head_make_one(db: Database) -> None:
+    """Migration 0019: no unique index on `(queue, session_id)` keeps a conversation to one head; the
+    push creates a head only under an advisory lock of the conversation, after looking for it again.
+    The second of two transactions storing a new conversation's first messages waits for the first,
+    then pushes onto its head (its own message, newer, leaves the head as it is)."""
+    if db.dialect != "postgresql":
+        pytest.skip(reason="the SQLite file has one writer at a time and a unique key on (queue, session_id)")
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    async with db.engine.connect() as first, db.engine.connect() as second:
+        await first.begin()
+        await first.execute(insert(InboxRow), [inbox_row("new", 0, now)])
+        await second.begin()
+        storing = asyncio.create_task(second.execute(insert(InboxRow), [inbox_row("new", 1, now)]))
+        assert await wait_for_lock_waiters(db.engine, expected=1) == 1, "the second did not wait"
+        assert not storing.done()
+        await first.commit()
+        await storing
+        await second.commit()
+    async with db.connect() as conn:
+        heads = (
+            await conn.execute(
+                text(
+                    "SELECT i.text FROM chatflow_queue_heads AS h "
+                    "JOIN chatflow_inbox AS i ON i.id = h.next_id "
+                    "WHERE h.queue = 'chatflow_inbox' AND h.session_id = 'telegram:new'"
+                )
+            )
+        ).all()
+    assert [tuple(head) for head in heads] == [("new/0",)]
+    claimed = await inbox.claim(db, "w", timedelta(seconds=30), 10)
+    assert [row.text for row in claimed] == ["new/0"]
