@@ -20,6 +20,9 @@ message. Scenarios:
 
 - ``scripted``: the baseline of the same run: the default scripted demo agent, no model traffic.
 - ``1s`` and ``5s``: the fake model answers every call after 1 s (5 s).
+- ``1s-in-process``: the bound of the 1 s goal, not a goal of its own: the agent's model answers after
+  1 s inside the gateway's process (``in_process_agent`` of benchmarks/model_agent.py), so its calls
+  cost nothing; what stays is the acks, the turns' starts and commits and the replies' delivery.
 - ``rpm``: 1 s latency, the fake model allows ``--rpm`` requests per minute (a token bucket holding one
   second's worth, as providers meter), 429 with ``Retry-After: 1`` beyond; the gateway is told the same
   budget (GATEWAY_OPENAI_RPM).
@@ -32,7 +35,8 @@ user + system time from the first post to the last reply, per message). A scenar
 message got exactly one reply and, after SIGTERM, every inbox row is done and every outbox row sent. Goals:
 >= 0.8 of ideal at 1 s and at 5 s; under an RPM budget, 429s <= 1 % of calls and every turn finished.
 The table goes to stdout and benchmarks/model_latency_results.md.
-Options: ``--messages`` (2,000), ``--scenarios`` (all), ``--rpm`` (3,000), ``--output``.
+Options: ``--messages`` (2,000), ``--scenarios`` (all), ``--rpm`` (3,000), ``--outage`` (120 s), ``--output``.
+The exit status is 1 when a scenario fails its checks or its goal (``1s-in-process`` has no goal).
 """
 
 from __future__ import annotations
@@ -175,18 +179,26 @@ def start_fake(workdir: Path, name: str, factory: str) -> Server:
     return server
 
 
-def start_gateway(workdir: Path, telegram: str, model: str | None, extra: dict[str, str]) -> Server:
-    """end_to_end.py's gateway (pacing off, the demo agent), or with `model` the fake server's agent."""
+def start_gateway(workdir: Path, telegram: str, scenario: Scenario, model: str) -> Server:
+    """end_to_end.py's gateway (pacing off), with the scenario's agent: the demo agent, the fake
+    server's, or the in-process model's."""
     env: dict[str, str] = {}
-    if model is not None:
+    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    if scenario.in_process:
+        env = {
+            "GATEWAY_AGENT": "model_agent:in_process_agent",
+            "BENCH_MODEL_LATENCY": str(scenario.latency),
+            "PYTHONPATH": path,
+        }
+    elif scenario.latency is not None:
         env = {
             "GATEWAY_MODEL": "openai:fake-model",
             "GATEWAY_OPENAI_BASE_URL": f"{model}/v1",
             "GATEWAY_OPENAI_API_KEY": API_KEY,
             "GATEWAY_AGENT": "model_agent:agent",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": path,
         }
-    return e2e.start_gateway(workdir, telegram, extra=env | extra)
+    return e2e.start_gateway(workdir, telegram, extra=env | dict(scenario.settings))
 
 
 # --- one scenario ----------------------------------------------------------------------------------
@@ -197,6 +209,7 @@ class Scenario:
     rpm: int = 0
     outage: float = 0.0  # seconds of 503s, from when every chat's first message was acknowledged
     settings: tuple[tuple[str, str], ...] = ()
+    in_process: bool = False  # the model answers inside the gateway (the bound), not the fake server
 
 
 @dataclass(frozen=True)
@@ -292,13 +305,12 @@ def run_scenario(
     with tempfile.TemporaryDirectory(prefix="chatflow-gateway-model-") as tmp, httpx.Client() as client:
         workdir = Path(tmp)
         client.post(f"{telegram}/_bench/reset")
-        if scenario.latency is not None:
+        calls_fake = scenario.latency is not None and not scenario.in_process
+        if calls_fake:
             client.post(
                 f"{model}/_bench/configure", json={"latency": scenario.latency, "rpm": scenario.rpm}
             ).raise_for_status()
-        gateway = start_gateway(
-            workdir, telegram, None if scenario.latency is None else model, dict(scenario.settings)
-        )
+        gateway = start_gateway(workdir, telegram, scenario, model)
         try:
             cpu_before = e2e.cpu_seconds(gateway.process.pid)
             started = time.monotonic()
@@ -314,7 +326,7 @@ def run_scenario(
         finally:
             exit_code = gateway.stop()
         final = client.get(f"{telegram}/_bench/replies").json()
-        stats = client.get(f"{model}/_bench/stats").json() if scenario.latency is not None else {}
+        stats = client.get(f"{model}/_bench/stats").json() if calls_fake else {}
         database = workdir / "data" / "gateway.db"
         inbox, outbox = (
             e2e.table_counts(database, "chatflow_inbox"),
@@ -353,6 +365,7 @@ def scenarios(args: argparse.Namespace) -> dict[str, Scenario]:
     return {
         "scripted": Scenario("scripted (no model traffic)", None),
         "1s": Scenario("1 s model", 1.0),
+        "1s-in-process": Scenario("1 s model in the gateway's process (the bound)", 1.0, in_process=True),
         "5s": Scenario("5 s model", 5.0),
         "rpm": Scenario(
             f"1 s model, {args.rpm:,} RPM",
@@ -398,6 +411,8 @@ def table(outcomes: list[Outcome]) -> str:
 def goal_of(outcome: Outcome) -> tuple[str, bool]:
     if outcome.scenario.latency is None:
         return "baseline", True
+    if outcome.scenario.in_process:
+        return "none (what a free model call gives)", True
     if outcome.scenario.outage:
         return "0 dead, all answered in order, <= 1 holding reply a chat", True  # the checks say
     if outcome.scenario.rpm:
@@ -436,8 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outage", type=float, default=120.0, help="the outage scenario's seconds of 503s")
     parser.add_argument(
         "--scenarios",
-        default="scripted,1s,5s,rpm,outage",
-        help="comma-separated, of: scripted, 1s, 5s, rpm, outage",
+        default="scripted,1s,1s-in-process,5s,rpm,outage",
+        help="comma-separated, of: scripted, 1s, 1s-in-process, 5s, rpm, outage",
     )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="markdown report to write")
     args = parser.parse_args(argv)
