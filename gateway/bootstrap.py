@@ -33,6 +33,7 @@ from gateway.platforms.spec import ConfiguredPlatform, PlatformSettings, Platfor
 from gateway.settings import Settings
 from gateway.store.database import Database
 from gateway.store.ingest import Ingest
+from gateway.worker.budget_shares import share_budgets
 from gateway.worker.coalesce import Coalescer
 from gateway.worker.inbox import InboxWorker
 from gateway.worker.maintenance import purge_dedup_keys_periodically
@@ -69,6 +70,7 @@ class Services:
     delivery: OutboxDelivery
     http: httpx.AsyncClient
     model_http: httpx.AsyncClient  # the model providers' calls: as many connections as turns in flight
+    budgets: dict[str, ProviderBudget]  # each provider's, shared with the other processes on the database
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self, *, webhooks: bool = True) -> None:
@@ -81,6 +83,11 @@ class Services:
                     self.tasks.append(asyncio.create_task(work, name=f"{name}-background"))
         self.tasks.append(
             asyncio.create_task(purge_dedup_keys_periodically(self.database), name="dedup-purge")
+        )
+        self.tasks.append(
+            asyncio.create_task(
+                share_budgets(self.database, self.budgets.values(), self.worker.owner), name="budget-shares"
+            )
         )
         self.tasks.append(asyncio.create_task(self.worker.run(), name="inbox-worker"))
         self.tasks.append(asyncio.create_task(self.delivery.run(), name="outbox-delivery"))
@@ -116,7 +123,8 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
     )
     delivery = build_delivery(settings, database, http, platforms, busy=lambda: ingest.busy)
     model_http = http_client(MODEL_TIMEOUT_SECONDS, max_connections=settings.max_turns_in_flight)
-    runner = build_runner(settings, database, model_http)
+    budgets = build_budgets(settings)
+    runner = build_runner(settings, database, model_http, budgets)
     worker = build_worker(settings, database, runner, delivery, busy=lambda: ingest.busy, platforms=platforms)
     return Services(
         settings=settings,
@@ -127,6 +135,7 @@ def build_services(settings: Settings, platforms: Sequence[PlatformSpec[Any]] = 
         delivery=delivery,
         http=http,
         model_http=model_http,
+        budgets=budgets,
     )
 
 
@@ -273,22 +282,32 @@ def load_agent(spec: str) -> Agent:
     return agent
 
 
-def build_runner(settings: Settings, database: Database, http: httpx.AsyncClient | None = None) -> Runner:
+def build_runner(
+    settings: Settings,
+    database: Database,
+    http: httpx.AsyncClient | None = None,
+    budgets: dict[str, ProviderBudget] | None = None,
+) -> Runner:
     """The configured agent graph on an SQL session store on the service's database; its models call
-    their providers through `http` (the service's client) when given."""
+    their providers through `http` (the service's client) when given, within `budgets` (default: the
+    settings' own, unshared)."""
     store = SQLSessionStore(
         database, default_max_turns=settings.max_turns, dedup_ttl_hours=settings.dedup_ttl_hours
     )
-    return Runner(load_agent(settings.agent), store, model_factory=build_models(settings, http))
+    return Runner(load_agent(settings.agent), store, model_factory=build_models(settings, http, budgets))
 
 
-def build_models(settings: Settings, http: httpx.AsyncClient | None = None) -> ModelFactory:
+def build_models(
+    settings: Settings,
+    http: httpx.AsyncClient | None = None,
+    budgets: dict[str, ProviderBudget] | None = None,
+) -> ModelFactory:
     return model_factory(
         settings.model,
         openai_base_url=settings.openai_base_url,
         openai_api_key=_secret(settings.openai_api_key),
         http=http,
-        budgets=build_budgets(settings),
+        budgets=build_budgets(settings) if budgets is None else budgets,
         endpoints={
             "anthropic": Endpoint(settings.anthropic_base_url, _secret(settings.anthropic_api_key)),
             "gemini": Endpoint(settings.gemini_base_url, _secret(settings.gemini_api_key)),

@@ -288,3 +288,12 @@ class TurnUsageRow(Base):
     tool_calls: Mapped[int] = mapped_column(Integer)
     day: Mapped[str] = mapped_column(String(10))  # UTC, YYYY-MM-DD: per-day totals on every backend
     created_at: Mapped[datetime]
+
+
+class BudgetMemberRow(Base):
+    """A process that shares the model providers' budgets, as last seen (gateway/store/budget_members.py)."""
+
+    __tablename__ = "chatflow_budget_members"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)  # the inbox worker's owner id
+    seen_at: Mapped[datetime]

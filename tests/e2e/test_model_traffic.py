@@ -1,16 +1,21 @@
 """The real `gateway serve` against a fake OpenAI-compatible server on loopback: a model outage is waited
 out with one holding reply and the answer after it, and the turn's usage reaches the table, the admin
-API and /metrics."""
+API and /metrics; two processes on one database share the provider's requests per minute."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-from tests.fakes import FakeOpenAI, FakeTelegram, chat_completion, telegram_text_update
-from tests.helpers import REPO_ROOT, wait_until
+from tests.fakes import FakeOpenAI, FakeTelegram, chat_completion, openai_error, telegram_text_update
+from tests.helpers import REPO_ROOT, serve_in_thread, wait_until
 from tests.serve_process import serve_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -98,3 +103,71 @@ def test_an_outage_gets_one_holding_reply_then_the_answer_and_usage_is_counted(
     assert not [e for e in events if e["event"] == "turn_dead_lettered"]
     assert API_KEY not in served.log.read_text()
     assert all(r.headers.get("authorization") == f"Bearer {API_KEY}" for r in model.requests)
+
+
+class MeteredModel:
+    """An OpenAI-compatible server that allows `per_second` calls a second (a bucket holding one
+    second's worth, as providers meter) and refuses the rest with 429."""
+
+    def __init__(self, per_second: int) -> None:
+        self.per_second = per_second
+        self.tokens = float(per_second)
+        self.refilled = time.monotonic()
+        self.answered: list[float] = []
+        self.refused = 0
+        self.app = Starlette(routes=[Route("/v1/chat/completions", self.completions, methods=["POST"])])
+
+    async def completions(self, request: Request) -> JSONResponse:
+        now = time.monotonic()
+        self.tokens = min(self.per_second, self.tokens + (now - self.refilled) * self.per_second)
+        self.refilled = now
+        if self.tokens < 1:
+            self.refused += 1
+            return JSONResponse(openai_error("rate limited"), status_code=429, headers={"Retry-After": "1"})
+        self.tokens -= 1
+        self.answered.append(now)
+        return JSONResponse(chat_completion("It is on its way."))
+
+
+def test_two_processes_on_one_database_share_the_providers_rpm(tmp_path: Path) -> None:
+    """GATEWAY_OPENAI_RPM is the account's: two `gateway serve` processes on one SQLite file each
+    spend half of it, so together they stay under the provider's limit (each alone would spend it all)."""
+    model, telegram = MeteredModel(per_second=10), FakeTelegram(BOT_TOKEN)
+    messages = 40
+    with serve_in_thread(model.app) as model_url, serve_in_thread(telegram.app) as telegram_url:
+        settings = {
+            "GATEWAY_MODEL": "openai:gpt-test",
+            "GATEWAY_OPENAI_BASE_URL": f"{model_url}/v1",
+            "GATEWAY_OPENAI_API_KEY": API_KEY,
+            "GATEWAY_OPENAI_RPM": "600",  # the provider's 10 a second
+            "GATEWAY_AGENT": "tests.faultkit_agent:agent",
+            "PYTHONPATH": str(REPO_ROOT),
+            "GATEWAY_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'shared.db'}",
+            "GATEWAY_TELEGRAM_SECRET_TOKEN": SECRET,
+            "GATEWAY_TELEGRAM_BOT_TOKEN": BOT_TOKEN,
+            "GATEWAY_TELEGRAM_API_BASE": telegram_url,
+            "GATEWAY_TELEGRAM_CHAT_PER_SECOND": "0",
+            "GATEWAY_TELEGRAM_GLOBAL_PER_SECOND": "0",
+        }
+        with serve_process(tmp_path, **settings) as first, serve_process(tmp_path, **settings) as second:  # type: ignore[arg-type]
+            for served in (first, second):
+                wait_until(
+                    lambda served=served: any(  # type: ignore[misc]
+                        e["event"] == "budget_shared" and e["processes"] == 2 for e in served.events()
+                    ),
+                    "each process sharing the budget with the other",
+                )
+            for number in range(messages):
+                answer = httpx.post(
+                    f"{(first, second)[number % 2].base}/webhooks/telegram",
+                    json=telegram_text_update(1000 + number, 5000 + number, f"Where is order {number}?"),
+                    headers={"X-Telegram-Bot-Api-Secret-Token": SECRET},
+                )
+                assert answer.status_code == 200
+            wait_until(
+                lambda: len(telegram.calls("sendMessage")) >= messages, "every message answered", timeout=120
+            )
+    assert model.refused == 0
+    assert len(model.answered) == messages
+    spent = model.answered[-1] - model.answered[0]
+    assert (messages - 1) / spent <= 10 * 1.1  # alone, each process would start 10 a second

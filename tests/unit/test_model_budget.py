@@ -162,3 +162,49 @@ async def test_answers_between_failures_keep_the_breaker_closed() -> None:
         async with limited.call():
             limited.breaker.succeeded()
     assert not limited.breaker.open
+
+
+async def test_a_process_keeps_its_share_of_the_rpm_and_tpm() -> None:
+    time = FakeTime()
+    limited = budget(time, rpm=60, tpm=100)
+    limited.share_among(2)  # two processes on the database: each spaces at 30 RPM, counts 50 TPM
+    starts = []
+    for _ in range(3):
+        async with limited.call(10):
+            starts.append(time.now)
+    assert starts == [0.0, 2.0, 4.0]
+    async with limited.call(30):
+        assert time.now == 60.0  # 30 + 30 > 50: waits for the first calls to leave the minute
+    limited.share_among(1)  # the other process left: the whole budget again
+    async with limited.call(10):
+        assert time.now == 62.0  # the slot reserved under the old share stands
+    async with limited.call(10):
+        assert time.now == 63.0  # then one a second
+
+
+async def test_a_process_keeps_its_share_of_the_calls_in_flight_and_at_least_one() -> None:
+    limited = ProviderBudget("test", max_concurrency=4)
+    limited.share_among(2)
+    release = asyncio.Event()
+    entered = asyncio.Queue[int]()
+
+    async def call(number: int) -> None:
+        async with limited.call():
+            entered.put_nowait(number)
+            await release.wait()
+
+    tasks = [asyncio.create_task(call(n)) for n in range(4)]
+    assert [await entered.get(), await entered.get()] == [0, 1]
+    await asyncio.sleep(0)  # the third waits for a slot, not for a turn of the loop
+    assert (limited.in_flight, limited.waiting) == (2, 2)
+    limited.share_among(1)  # a larger share lets the waiters in at once
+    assert [await entered.get(), await entered.get()] == [2, 3]
+    limited.share_among(10)  # more processes than slots: each keeps one
+    release.set()
+    await asyncio.gather(*tasks)
+    assert limited.max_in_flight == 4
+    async with limited.call():
+        assert limited.in_flight == 1
+    assert "processes=10" in repr(limited)
+    assert limited.limited
+    assert not ProviderBudget("unlimited").limited

@@ -11,6 +11,10 @@ Requests per minute are spaced evenly (one every 60/RPM s), which stays under th
 the provider counts in a sliding minute or refills a token bucket. Tokens per minute are counted
 over a sliding minute: a call reserves an estimate of its input tokens and, once answered, the
 tokens the provider says it used replace the estimate.
+
+The limits are the provider account's, shared by every process that runs turns on the database
+(`--workers`, replicas, `gateway worker`): each process keeps `1 / processes` of each limit
+(`share_among`, kept up to date by gateway/worker/budget_shares.py), and at least one call in flight.
 """
 
 from __future__ import annotations
@@ -66,7 +70,9 @@ class ProviderBudget:
         self._clock = clock
         self._sleep = sleep
         self._admission = asyncio.Lock()  # FIFO: waiters are admitted in arrival order
-        self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self.processes = 1  # the processes sharing the limits (share_among)
+        self._held = 0  # calls holding one of the max_concurrency slots
+        self._slot_freed = asyncio.Event()
         self._next_request = 0.0  # the earliest start of the next request under the RPM spacing
         self._paused_until = 0.0
         self._tokens: deque[Grant] = deque()  # the calls of the last minute, for the TPM window
@@ -77,7 +83,20 @@ class ProviderBudget:
 
     def __repr__(self) -> str:
         limits = f"max_concurrency={self.max_concurrency}, rpm={self.rpm}, tpm={self.tpm}"
-        return f"ProviderBudget({self.name!r}, {limits})"
+        return f"ProviderBudget({self.name!r}, {limits}, processes={self.processes})"
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set (an unlimited budget has nothing to share)."""
+        return bool(self.max_concurrency or self.rpm or self.tpm)
+
+    def share_among(self, processes: int) -> None:
+        """This process keeps 1 / `processes` of each limit from now on (at least one call in flight)."""
+        self.processes = max(1, processes)
+        self._slot_freed.set()  # a waiter for a slot looks again: a larger share may have room
+
+    def _concurrency_share(self) -> int:
+        return max(1, self.max_concurrency // self.processes)
 
     @asynccontextmanager
     async def call(self, tokens: int = 1) -> AsyncIterator[Grant]:
@@ -87,13 +106,11 @@ class ProviderBudget:
             async with self._admission:
                 probe = self.breaker.admit()  # ProviderDown while it keeps failing
                 try:
-                    if self._slots is not None:
-                        await self._slots.acquire()
+                    await self._take_slot()
                     try:
                         grant = await self._admit(tokens)
                     except BaseException:
-                        if self._slots is not None:
-                            self._slots.release()
+                        self._give_slot()
                         raise
                 except BaseException:
                     if probe:
@@ -109,8 +126,7 @@ class ProviderBudget:
             self.in_flight -= 1
             if probe:
                 self.breaker.probe_ended()  # no-op once succeeded() or failed() gave the verdict
-            if self._slots is not None:
-                self._slots.release()
+            self._give_slot()
 
     def pause(self, seconds: float | None) -> None:
         """The provider answered 429: no call of this provider starts for `seconds` (its Retry-After)."""
@@ -125,6 +141,20 @@ class ProviderBudget:
         """The provider counted `tokens` for the call: they replace its estimate in the TPM window."""
         grant.tokens = max(0, tokens)
 
+    async def _take_slot(self) -> None:
+        """Wait for one of this process's concurrency slots (only the admission lock's holder waits)."""
+        if not self.max_concurrency:
+            return
+        while self._held >= self._concurrency_share():
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+        self._held += 1
+
+    def _give_slot(self) -> None:
+        if self.max_concurrency:
+            self._held -= 1
+            self._slot_freed.set()
+
     async def _admit(self, tokens: int) -> Grant:
         # A sleep of d seconds counts as d seconds passed, whatever the clock says (an injected sleep).
         slept_until = 0.0
@@ -133,7 +163,7 @@ class ProviderBudget:
             await self._sleep(delay)
         now = max(self._clock(), slept_until)
         if self.rpm:
-            self._next_request = max(now, self._next_request) + WINDOW_SECONDS / self.rpm
+            self._next_request = max(now, self._next_request) + WINDOW_SECONDS * self.processes / self.rpm
         grant = Grant(now, tokens)
         if self.tpm:
             self._tokens.append(grant)
@@ -151,11 +181,12 @@ class ProviderBudget:
         while window and window[0].started <= now - WINDOW_SECONDS:
             window.popleft()
         used = sum(grant.tokens for grant in window)
-        if not window or used + tokens <= self.tpm:
+        share = self.tpm / self.processes
+        if not window or used + tokens <= share:
             return 0.0  # a call larger than the whole budget still goes, alone
         # Wait until enough of the oldest calls leave the window.
         for grant in window:
             used -= grant.tokens
-            if used + tokens <= self.tpm:
+            if used + tokens <= share:
                 return grant.started + WINDOW_SECONDS - now
         return window[-1].started + WINDOW_SECONDS - now  # pragma: no cover - the loop always returns
