@@ -2,12 +2,11 @@
 
 GATEWAY_OPENAI_RPM and the other limits are the provider account's. Several processes on one
 database (`gateway serve --workers`, replicas, `gateway worker`) would each spend the whole of them;
-instead each beats in `chatflow_budget_members` every `interval` and keeps `1 / processes` of every
-limit (gateway/agents/models/budget.py). A process that stops leaves at once; one that crashed or froze
-is forgotten after `stale_after` (so is one that could not leave within LEAVE_SECONDS), and the others'
-shares grow back at their next beat. While the
-database cannot be reached the last share stays (a process alone keeps the whole budget until its
-first beat).
+instead each beats among the budget members (gateway/store/budget_members.py) every `interval` and
+keeps `1 / processes` of every limit (gateway/agents/models/budget.py). A process that stops leaves at
+once; one that crashed or froze, or could not leave within LEAVE_SECONDS, is forgotten after
+`stale_after`, and the others' shares grow back at their next beat. While the database cannot be
+reached the last share stays (a process alone keeps the whole budget until its first beat).
 """
 
 from __future__ import annotations
