@@ -92,7 +92,7 @@ def create_app(
             )
             _log_admin(admin)
             claims = {"worker": services.worker.loop.health, "delivery": services.delivery.loop.health}
-            metrics.watch(claims, services.worker.model_stats)
+            metrics.watch(claims, services.worker.model_stats, services.budgets)
             yield {
                 "claims": claims,
                 "admin": admin,

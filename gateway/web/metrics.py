@@ -14,6 +14,7 @@ import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -57,6 +58,16 @@ class _Series:
         self.created = time.time()
 
 
+class BudgetState(Protocol):
+    """What /metrics reads of a model provider's budget (gateway/agents/models/budget.py)."""
+
+    @property
+    def processes(self) -> int: ...
+
+    @property
+    def waiting(self) -> int: ...
+
+
 class HttpMetrics:
     """Request counts and latency by route template (never the raw path: bounded cardinality)."""
 
@@ -70,6 +81,7 @@ class HttpMetrics:
         self._waiting: list[outbox.Waiting] = []
         self._horizon: xmin_horizon.Horizon | None = None
         self._models: ModelStats | None = None
+        self._budgets: dict[str, BudgetState] = {}
         self.registry.register(self)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -109,12 +121,20 @@ class HttpMetrics:
         yield from self._work()
         if self._models is not None:
             yield from _model_metrics(self._models)
+        if self._budgets:
+            yield from _budget_metrics(self._budgets)
 
-    def watch(self, claims: Mapping[str, ClaimHealth], models: ModelStats | None = None) -> None:
-        """Export how the process's claim loops fare and what its turns' models cost (called once the
-        worker and delivery exist)."""
+    def watch(
+        self,
+        claims: Mapping[str, ClaimHealth],
+        models: ModelStats | None = None,
+        budgets: Mapping[str, BudgetState] | None = None,
+    ) -> None:
+        """Export how the process's claim loops fare, what its turns' models cost and how its providers'
+        budgets stand (called once the worker and delivery exist)."""
         self._claims = dict(claims)
         self._models = models
+        self._budgets = dict(budgets or {})
 
     async def endpoint(self, request: Request) -> Response:
         database = getattr(request.state, "database", None)
@@ -193,3 +213,22 @@ def _model_metrics(stats: ModelStats) -> Iterator[Metric]:
     yield calls
     yield tokens
     yield latency
+
+
+def _budget_metrics(budgets: Mapping[str, BudgetState]) -> Iterator[Metric]:
+    """Each provider's budget in this process: how many processes share it, how many calls wait."""
+    processes = GaugeMetricFamily(
+        "gateway_model_budget_processes",
+        "Processes on the database sharing the provider's budget; this one keeps 1 / this of each limit.",
+        labels=["provider"],
+    )
+    waiting = GaugeMetricFamily(
+        "gateway_model_budget_waiting_calls",
+        "Calls of this process waiting for room in the provider's budget (its limits, a 429 pause).",
+        labels=["provider"],
+    )
+    for provider, budget in budgets.items():
+        processes.add_metric([provider], budget.processes)
+        waiting.add_metric([provider], budget.waiting)
+    yield processes
+    yield waiting

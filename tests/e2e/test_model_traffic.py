@@ -167,7 +167,12 @@ def test_two_processes_on_one_database_share_the_providers_rpm(tmp_path: Path) -
             wait_until(
                 lambda: len(telegram.calls("sendMessage")) >= messages, "every message answered", timeout=120
             )
+            metrics = [httpx.get(f"{served.base}/metrics").text for served in (first, second)]
     assert model.refused == 0
     assert len(model.answered) == messages
+    for text in metrics:
+        assert 'gateway_model_budget_processes{provider="openai"} 2.0' in text
+        assert 'gateway_model_budget_processes{provider="gemini"} 1.0' in text  # no limit: not shared
+        assert 'gateway_model_budget_waiting_calls{provider="openai"} 0.0' in text
     spent = model.answered[-1] - model.answered[0]
     assert (messages - 1) / spent <= 10 * 1.1  # alone, each process would start 10 a second
