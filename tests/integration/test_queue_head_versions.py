@@ -40,6 +40,7 @@ def db(migrated_database: Database) -> Database:
 
 @pytest.fixture
 def postgres_only(db: Database) -> None:
+    """Skips on the SQLite file, saying why: only PostgreSQL keeps old row versions for a held snapshot."""
     if db.dialect != "postgresql":
         pytest.skip(reason="only PostgreSQL keeps old row versions for a held snapshot")
 
