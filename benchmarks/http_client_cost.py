@@ -96,14 +96,14 @@ class _BareConnection(asyncio.Protocol):
 
 async def _caller(kind: str, url: str) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
     """A call of this kind, and how to close what it opened."""
-    if kind == "gateway":
-        from gateway.http_client import endpoint, http_client
+    if kind == "gateway":  # as the platform and model clients call it
+        from gateway.http_client import endpoint, http_client, post
 
         client = http_client(30.0, 200)
         target = endpoint(url)
 
         async def call() -> None:
-            assert (await client.request("POST", target, content=REQUEST, headers=HEADERS)).json()
+            assert (await post(client, target, REQUEST, HEADERS)).json()
 
         return call, client.aclose
     if kind == "aiohttp":

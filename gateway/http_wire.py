@@ -27,6 +27,7 @@ import httptools
 import httpx
 
 DNS_CACHE_S = 10.0
+MAX_HEADS = 256  # kept request heads (Pool._heads)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _UNSAFE = re.compile("[\r\n\0]")
 _FRAMING = frozenset({"content-length", "transfer-encoding"})
@@ -191,6 +192,10 @@ class Pool:
     _idle: dict[Origin, list[_Connection]] = field(default_factory=dict)
     _addresses: dict[tuple[str, int], tuple[float, asyncio.Future[list[Any]]]] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
+    # Heads but for the body's length, by method, origin, path and headers: a platform's or a provider's
+    # calls repeat theirs (10 us of CPU a call here). They hold tokens and keys, in memory only, as the
+    # clients that send them do.
+    _heads: dict[tuple[str, Origin, bytes, tuple[tuple[str, str], ...]], bytes] = field(default_factory=dict)
 
     async def send(
         self,
@@ -204,7 +209,7 @@ class Pool:
         if url.scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"{url.scheme!r} is not HTTP or HTTPS", request=request)
         origin = (url.scheme, url.host, url.port or _DEFAULT_PORTS[url.scheme])
-        head = _head(request.method, url, headers, content)
+        head = self._fixed_head(request.method, origin, url, headers) + _length(request.method, content)
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.max_connections)
         if self._slots.locked():
@@ -232,6 +237,18 @@ class Pool:
                     connection.close()
         finally:
             self._slots.release()
+
+    def _fixed_head(
+        self, method: str, origin: Origin, url: httpx.URL, headers: list[tuple[str, str]]
+    ) -> bytes:
+        key = (method, origin, url.raw_path, tuple(headers))
+        head = self._heads.get(key)
+        if head is None:
+            head = _head(method, url, headers)
+            if len(self._heads) >= MAX_HEADS:
+                self._heads.clear()
+            self._heads[key] = head
+        return head
 
     async def aclose(self) -> None:
         for connections in self._idle.values():
@@ -308,10 +325,10 @@ class Pool:
         return list(dict.fromkeys((str(info[4][0]), int(info[4][1])) for info in infos))
 
 
-def _head(method: str, url: httpx.URL, headers: list[tuple[str, str]], content: bytes | None) -> bytes:
-    """The request line and headers; the body's length is always this one's (it is sent whole), the
-    Host the URL's unless a header names one. A CR, LF or NUL in a header is refused: it would end the
-    header early and let a value write headers (or a request) of its own."""
+def _head(method: str, url: httpx.URL, headers: list[tuple[str, str]]) -> bytes:
+    """The request line and headers but the body's length (`_length`). The Host is the URL's unless a
+    header names one. A CR, LF or NUL in a header is refused: it would end the header early and let a
+    value write headers (or a request) of its own."""
     lines = [f"{method} {url.raw_path.decode('ascii')} HTTP/1.1"]
     host = f"host: {url.netloc.decode('ascii')}"
     for name, value in headers:
@@ -323,7 +340,12 @@ def _head(method: str, url: httpx.URL, headers: list[tuple[str, str]], content: 
         elif lowered not in _FRAMING:
             lines.append(f"{name}: {value}")
     lines.insert(1, host)
-    if content is not None or method in ("POST", "PUT", "PATCH"):
-        lines.append(f"content-length: {len(content) if content else 0}")
-    lines.append("\r\n")
+    lines.append("")
     return "\r\n".join(lines).encode("utf-8")
+
+
+def _length(method: str, content: bytes | None) -> bytes:
+    """The head's last line, the body's length (it is sent whole), and its end."""
+    if content is not None or method in ("POST", "PUT", "PATCH"):
+        return b"content-length: %d\r\n\r\n" % (len(content) if content else 0)
+    return b"\r\n"

@@ -1,11 +1,12 @@
 """The outbound HTTP client (httpx on aiohttp's transport) over real loopback sockets: a round trip,
 the httpx errors callers tell apart (a refused connection is not a timeout), and the plain path's
-answers matching httpx's own (gateway/http_client.py)."""
+answers matching httpx's own, whole httpx.Responses or `post`'s PlainAnswers (gateway/http_client.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import socket
 from typing import Any
 
@@ -16,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.http_client import http_client
+from gateway.http_client import PlainAnswer, endpoint, http_client, post
 from tests.helpers import serve_in_thread
 
 
@@ -117,7 +118,69 @@ async def test_a_redirect_is_answered_not_followed() -> None:
     assert response.headers["location"] == "/elsewhere"
 
 
-@pytest.mark.parametrize("body", [{"content": b"{}"}, {"json": {}}], ids=["plain call", "httpx's path"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"n": 1, "text": "h\xc3\xa9llo"}',
+        b'{"n": NaN}',  # not strict JSON: the standard library's reading, as httpx's
+        b'{"id": 123456789012345678901234567890}',  # beyond 64 bits, as the standard library reads it
+        '{"n": 2}'.encode("utf-16"),
+        b"not json",
+    ],
+    ids=["utf-8", "nan", "big integer", "utf-16", "not json"],
+)
+async def test_post_answers_what_httpx_would(body: bytes) -> None:
+    """`post` on the gateway's client reads the answer without an httpx.Response; whatever the body, it
+    reads as httpx reads it: status, reason, success, headers, text and JSON (or the same ValueError)."""
+
+    async def answer(request: Request) -> Response:
+        assert request.headers["authorization"] == "Bearer k"
+        assert request.headers["user-agent"] == "chatflow-test"  # the client's headers as they are now
+        assert await request.body() == b"[1]"
+        return Response(body, 429, {"Content-Type": "application/json", "Retry-After": "7"})
+
+    with serve_in_thread(Starlette(routes=[Route("/a", answer, methods=["POST"])])) as url:
+        async with http_client(timeout=10) as client:
+            client.headers["User-Agent"] = "chatflow-test"
+            plain = await post(client, endpoint(f"{url}/a"), b"[1]", {"Authorization": "Bearer k"}, 5)
+            whole = await client.post(f"{url}/a", content=b"[1]", headers={"Authorization": "Bearer k"})
+    assert isinstance(plain, PlainAnswer)
+    assert (plain.status_code, plain.reason_phrase, plain.is_success) == (429, "Too Many Requests", False)
+    assert plain.headers["retry-after"] == whole.headers["retry-after"] == "7"
+    assert plain.text == whole.text
+    try:
+        expected = whole.json()
+    except json.JSONDecodeError:
+        with pytest.raises(json.JSONDecodeError):
+            plain.json()
+    else:
+        assert plain.json() == expected
+
+
+async def test_post_hands_an_encoded_answer_to_httpx_and_follows_no_redirect() -> None:
+    async def gzipped(request: Request) -> Response:
+        return Response(gzip.compress(b'{"ok": true}'), 200, {"Content-Encoding": "gzip"})
+
+    async def moved(request: Request) -> Response:
+        return Response(status_code=307, headers={"Location": "/z"})
+
+    app = Starlette(routes=[Route("/z", gzipped, methods=["POST"]), Route("/m", moved, methods=["POST"])])
+    with serve_in_thread(app) as url:
+        async with http_client(timeout=10) as client:
+            decoded = await post(client, endpoint(f"{url}/z"), b"{}", {})
+            redirected = await post(client, endpoint(f"{url}/m"), b"{}", {})
+        async with httpx.AsyncClient(follow_redirects=True) as theirs:  # any other client: its post()
+            not_followed = await post(theirs, endpoint(f"{url}/m"), b"{}", {})
+    assert isinstance(decoded, httpx.Response)
+    assert decoded.json() == {"ok": True}
+    assert (redirected.status_code, redirected.headers["location"]) == (307, "/z")
+    assert isinstance(not_followed, httpx.Response)
+    assert not_followed.status_code == 307
+
+
+@pytest.mark.parametrize(
+    "body", [{"content": b"{}"}, {"json": {}}, {"post": b"{}"}], ids=["plain call", "httpx's path", "post"]
+)
 async def test_a_proxy_from_the_environment_is_used(
     monkeypatch: pytest.MonkeyPatch, body: dict[str, Any]
 ) -> None:
@@ -145,8 +208,14 @@ async def test_a_proxy_from_the_environment_is_used(
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("NO_PROXY", "direct.invalid")
     async with server, http_client(timeout=10) as client:
-        response = await client.post("http://chatflow.invalid/x", **body)
+
+        async def call(url: str) -> Any:
+            if "post" in body:
+                return await post(client, endpoint(url), body["post"], {})
+            return await client.post(url, **body)
+
+        response = await call("http://chatflow.invalid/x")
         with pytest.raises(httpx.ConnectError):  # not through the proxy: the name does not resolve
-            await client.post("http://direct.invalid/x", **body)
+            await call("http://direct.invalid/x")
     assert response.json() == {"via": 1}
     assert first_lines == [b"POST http://chatflow.invalid/x HTTP/1.1"]

@@ -32,7 +32,7 @@ from gateway.agents.models.wire import (
     retry_after,
 )
 from gateway.domain.messages import Message, ModelUsage
-from gateway.http_client import endpoint, http_client
+from gateway.http_client import HttpAnswer, endpoint, http_client, post
 
 __all__ = ["AgentLike", "HttpChatModel", "Malformed"]
 
@@ -167,7 +167,7 @@ class HttpChatModel:
         reply.usage = ModelUsage(self.spec, input_tokens, output_tokens, seconds)
         return reply
 
-    async def _post_with_retries(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant, float]:
+    async def _post_with_retries(self, body: dict[str, Any]) -> tuple[HttpAnswer, Grant, float]:
         attempts = self.max_retries + 1
         try:
             try:
@@ -193,7 +193,7 @@ class HttpChatModel:
                 transient=isinstance(exc, RETRYABLE_ERRORS),
             ) from exc
 
-    async def _retry(self, body: dict[str, Any], first: BaseException) -> tuple[httpx.Response, Grant, float]:
+    async def _retry(self, body: dict[str, Any], first: BaseException) -> tuple[HttpAnswer, Grant, float]:
         """The attempts after a first one failed with `first`, which tenacity is shown as its attempt 1
         (its wait, its log line). The first attempt goes without tenacity: setting up its retry state
         cost ~24 us a call, 2% of a turn's CPU at model latency, for calls that mostly succeed at once."""
@@ -214,7 +214,7 @@ class HttpChatModel:
                 return await self._post_once(body)
         raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
 
-    async def _post_once(self, body: dict[str, Any]) -> tuple[httpx.Response, Grant, float]:
+    async def _post_once(self, body: dict[str, Any]) -> tuple[HttpAnswer, Grant, float]:
         """One attempt: the answer, its budget grant and its seconds (from the request's start)."""
         if self._client is None:
             self._client = http_client(self.timeout)
@@ -224,13 +224,7 @@ class HttpChatModel:
         async with self.budget.call(estimate_tokens(len(content))) as grant:
             started = time.perf_counter()
             try:
-                response = await self._client.post(
-                    endpoint(self.url),
-                    content=content,
-                    headers=headers,
-                    timeout=self.timeout,
-                    follow_redirects=False,
-                )
+                response = await post(self._client, endpoint(self.url), content, headers, self.timeout)
             except RETRYABLE_ERRORS:
                 breaker.failed()
                 raise
@@ -279,7 +273,7 @@ class HttpChatModel:
             return self.budget.paused_for()
         return state.next_action.sleep if state.next_action else 0.0
 
-    def _malformed(self, response: httpx.Response, why: str) -> ModelError:
+    def _malformed(self, response: HttpAnswer, why: str) -> ModelError:
         return ModelError(
             f"{self.PROVIDER} model {self.model!r} sent a malformed reply ({why}): {excerpt(response.text)}",
             provider=self.PROVIDER,

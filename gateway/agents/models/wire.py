@@ -9,6 +9,8 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
+from gateway.http_client import HttpAnswer
+
 __all__ = ["RETRYABLE_ERRORS", "RETRYABLE_STATUSES", "error_message", "excerpt", "retry_after"]
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504, 529})  # 529: Anthropic's "overloaded"
@@ -21,7 +23,7 @@ RETRYABLE_ERRORS: tuple[type[Exception], ...] = (
 EXCERPT_CHARS = 300
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(response: HttpAnswer) -> str:
     """The provider's own error message when the body has one, else an excerpt of the body."""
     try:
         body = response.json()

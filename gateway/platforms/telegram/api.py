@@ -14,7 +14,7 @@ import structlog
 
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, TelegramTarget
 from gateway.errors import GatewayError
-from gateway.http_client import endpoint
+from gateway.http_client import endpoint, post
 from gateway.platforms.base import DeliveryError
 
 # The update kinds the Telegram adapter acts on or records; what setWebhook asks Telegram to send.
@@ -64,7 +64,7 @@ class TelegramAPI:
         """POST one method; its `result`, or TelegramAPIError with Telegram's code and description."""
         try:
             body = orjson.dumps(params)
-            response = await self._client.post(endpoint(f"{self._url}/{method}"), content=body, headers=JSON)
+            response = await post(self._client, endpoint(f"{self._url}/{method}"), body, JSON)
         except httpx.HTTPError as exc:  # the message of some httpx errors holds the URL, i.e. the token
             raise TelegramAPIError(method, None, f"cannot reach the Bot API ({type(exc).__name__})") from None
         try:

@@ -12,7 +12,7 @@ import orjson
 import structlog
 
 from gateway.domain.outbound import OutboundKind, OutboundMessage, ReplyTarget, WhatsAppTarget
-from gateway.http_client import endpoint
+from gateway.http_client import endpoint, post
 from gateway.platforms.base import DeliveryError
 
 # Meta's throttling and transient codes: back off and retry. Anything else is final (see platform specs).
@@ -48,9 +48,7 @@ class WhatsAppSender:
             body["recipient"] = target.user_id or target.chat_id  # a business-scoped user id
         url = f"{self._api_base}/{target.scope}/messages"
         try:
-            response = await self._client.post(
-                endpoint(url), content=orjson.dumps(body), headers=self._headers
-            )
+            response = await post(self._client, endpoint(url), orjson.dumps(body), self._headers)
         except httpx.HTTPError as exc:
             raise DeliveryError(
                 f"cannot reach the Graph API ({type(exc).__name__})", permanent=False
@@ -86,11 +84,8 @@ class WhatsAppSender:
             "typing_indicator": {"type": "text"},
         }
         try:
-            response = await self._client.post(
-                endpoint(f"{self._api_base}/{scope}/messages"),
-                content=orjson.dumps(body),
-                headers=self._headers,
-            )
+            url = endpoint(f"{self._api_base}/{scope}/messages")
+            response = await post(self._client, url, orjson.dumps(body), self._headers)
         except Exception as exc:  # the message of some httpx errors holds the URL; log the type only
             log.debug("typing_indicator_failed", platform="whatsapp", error=type(exc).__name__)
             return
