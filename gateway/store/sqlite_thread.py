@@ -38,8 +38,11 @@ STATEMENT_CACHE_SIZE = 512
 
 
 def to_sqlite_datetime(value: datetime) -> str:
-    """SQLITE_DATETIME_FORMAT, through isoformat: a fifth of strftime's time, on every row written."""
-    return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+    """SQLITE_DATETIME_FORMAT, through isoformat: a fifth of strftime's time, on every row written (a
+    UTC time, the gateway's own, goes without a conversion: its offset is cut off)."""
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]
 
 
 def from_sqlite_datetime(value: str) -> datetime:
