@@ -193,8 +193,8 @@ class Pool:
     _addresses: dict[tuple[str, int], tuple[float, asyncio.Future[list[Any]]]] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
     # Heads but for the body's length, by method, origin, path and headers: a platform's or a provider's
-    # calls repeat theirs (10 us of CPU a call here). They hold tokens and keys, in memory only, as the
-    # clients that send them do.
+    # calls repeat theirs (7 us of CPU to build one here, 1.5 to take a kept one). They hold tokens and
+    # keys, in memory only, as the clients that send them do.
     _heads: dict[tuple[str, Origin, bytes, tuple[tuple[str, str], ...]], bytes] = field(default_factory=dict)
 
     async def send(
