@@ -2,9 +2,9 @@
 
 Every process that runs turns on the database keeps a row here, its `seen_at` renewed every few
 seconds (gateway/worker/budget_shares.py); a row not renewed within `stale_after` is a process that
-is gone (stopped, crashed, frozen) and is deleted by whoever beats next. The count of rows is how many
-processes share each limit. `seen_at` is the beating process's wall clock, which the replicas' clocks
-must roughly agree on (within a few seconds of the stale window).
+is gone (stopped, crashed, frozen) and is deleted by whoever beats next (store/presence.py). The count
+of rows is how many processes share each limit. `seen_at` is the beating process's wall clock, which
+the replicas' clocks must roughly agree on (within a few seconds of the stale window).
 """
 
 from __future__ import annotations
@@ -16,17 +16,13 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.store.database import Database
-from gateway.store.sqlite_thread import to_sqlite_datetime
+from gateway.store.presence import renew_on_engine, renew_on_file
 from gateway.store.tables import BudgetMemberRow
 
 __all__ = ["beat", "leave"]
 
-_UPSERT = (
-    "INSERT INTO chatflow_budget_members (owner, seen_at) VALUES (?, ?) "
-    "ON CONFLICT (owner) DO UPDATE SET seen_at = excluded.seen_at"
-)
-_FORGET_STALE = "DELETE FROM chatflow_budget_members WHERE seen_at < ?"
 _COUNT = "SELECT count(*) FROM chatflow_budget_members"
+_LEAVE = "DELETE FROM chatflow_budget_members WHERE owner = ?"
 
 
 async def beat(db: Database, owner: str, now: datetime, stale_after: timedelta) -> int:
@@ -35,17 +31,12 @@ async def beat(db: Database, owner: str, now: datetime, stale_after: timedelta) 
     stale = now - stale_after
 
     def on_file(conn: sqlite3.Connection) -> int:
-        conn.execute(_UPSERT, (owner, to_sqlite_datetime(now)))
-        conn.execute(_FORGET_STALE, (to_sqlite_datetime(stale),))
+        renew_on_file(conn, BudgetMemberRow, "seen_at", owner, now, stale)
         count: int = conn.execute(_COUNT).fetchone()[0]
         return count
 
     async def on_engine(conn: AsyncConnection) -> int:
-        upsert = db.insert(BudgetMemberRow).values(owner=owner, seen_at=now)
-        await conn.execute(
-            upsert.on_conflict_do_update(index_elements=["owner"], set_={"seen_at": upsert.excluded.seen_at})
-        )
-        await conn.execute(delete(BudgetMemberRow).where(BudgetMemberRow.seen_at < stale))
+        await renew_on_engine(conn, db, BudgetMemberRow, "seen_at", owner, now, stale)
         return int((await conn.execute(select(func.count()).select_from(BudgetMemberRow))).scalar_one())
 
     return await db.write(on_file, on_engine)
@@ -55,7 +46,7 @@ async def leave(db: Database, owner: str) -> None:
     """`owner` stops: the others' shares grow at their next beat."""
 
     def on_file(conn: sqlite3.Connection) -> None:
-        conn.execute("DELETE FROM chatflow_budget_members WHERE owner = ?", (owner,))
+        conn.execute(_LEAVE, (owner,))
 
     async def on_engine(conn: AsyncConnection) -> None:
         await conn.execute(delete(BudgetMemberRow).where(BudgetMemberRow.owner == owner))
