@@ -114,7 +114,7 @@ class Settings(BaseSettings):
     )
     gemini_rpm: int = Field(default=0, ge=0, description="Gemini requests per minute (0 = unlimited).")
     gemini_tpm: int = Field(default=0, ge=0, description="Gemini tokens per minute (0 = unlimited).")
-    model_prices: dict[str, tuple[float, float]] = Field(
+    model_prices: Annotated[dict[str, tuple[float, float]], NoDecode] = Field(
         default_factory=dict,
         description="US dollars per million input and output tokens, by model spec, for the estimated "
         'cost of usage: {"openai:gpt-4o-mini": [0.15, 0.6]} (JSON in the environment).',
@@ -241,6 +241,21 @@ class Settings(BaseSettings):
         description="How long a reply is retried after transient failures (network, 5xx, 429) before "
         "it is dead (listed and retried by operators); permanent refusals fail at once.",
     )
+
+    @field_validator("model_prices", mode="before")
+    @classmethod
+    def _decode_prices(cls, value: Any) -> Any:
+        # The environment gives JSON text (the TOML file a table): decoded here rather than by
+        # pydantic-settings, whose failure is a traceback naming the field, not the variable.
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError:
+            raise ValueError(
+                "is not a JSON object of model spec to [input, output] prices, "
+                'e.g. {"openai:gpt-4o-mini": [0.15, 0.6]}'
+            ) from None
 
     @field_validator("model_prices")
     @classmethod

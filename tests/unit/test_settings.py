@@ -204,6 +204,9 @@ def test_readme_documents_every_setting() -> None:
         ("GATEWAY_MODEL", "claude:sonnet", "'anthropic:<model>'"),
         ("GATEWAY_MODEL_PRICES", '{"openai:x": [1, -2]}', "finite and 0 or more"),
         ("GATEWAY_MODEL_PRICES", '{"openai:x": [1]}', "GATEWAY_MODEL_PRICES"),
+        ("GATEWAY_MODEL_PRICES", "openai:x=1,2", "JSON object"),
+        ("GATEWAY_MODEL_PRICES", '{"openai:x": [1, 2]', "JSON object"),
+        ("GATEWAY_MODEL_PRICES", "[1, 2]", "valid dictionary"),
     ],
 )
 def test_platform_settings_are_checked(
