@@ -544,10 +544,29 @@ def settings_from(
         raise SettingsError(
             _describe(error, path, {k: k for k in own}, env_name, SECRET_FIELDS.__contains__)
         ) from None
+    _check_model_key(settings)
     loaded = {
         name: _load_group(name, model, grouped[name], path, keys[name]) for name, model in groups.items()
     }
     return settings.with_groups(loaded)
+
+
+def _check_model_key(settings: Settings) -> None:
+    """A provider's own endpoint refuses every call without a key: stop start-up rather than let every
+    turn fail. A server of one's own (another base URL: a proxy, a local model) may go without."""
+    provider = settings.model.partition(":")[0]
+    if provider not in ("openai", "anthropic", "gemini"):
+        return
+    base_url = getattr(settings, f"{provider}_base_url")
+    if getattr(settings, f"{provider}_api_key") is None and base_url == _default(f"{provider}_base_url"):
+        raise SettingsError(
+            f"{env_name(provider + '_api_key')} is required: {env_name('model')}={settings.model} calls "
+            f"{base_url} (only a server of your own, at {env_name(provider + '_base_url')}, may go without)"
+        )
+
+
+def _default(field: str) -> Any:
+    return Settings.model_fields[field].default
 
 
 def load_settings(groups: Groups | None = None) -> Settings:

@@ -501,6 +501,7 @@ async def test_the_settings_build_the_worker_and_the_provider_budget(tmp_path: P
     settings = gateway_settings(
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'gateway.db'}",
         model="openai:gpt-test",
+        openai_api_key="sk-test-key",  # api.openai.com refuses calls without one: start-up needs it
         max_turns_in_flight=7,
         openai_max_concurrency=3,
         openai_rpm=120,

@@ -306,3 +306,18 @@ def test_platform_variables_are_known_settings(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("GATEWAY_WHATSAPP_GLOBAL_PER_SECOND", "10")
     monkeypatch.setenv("GATEWAY_TELEGRAM_BOT_TOKN", "1:x")
     assert unknown_env_settings(GROUPS) == ["GATEWAY_TELEGRAM_BOT_TOKN"]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
+def test_a_providers_own_endpoint_needs_its_key(monkeypatch: pytest.MonkeyPatch, provider: str) -> None:
+    variable = f"GATEWAY_{provider.upper()}_API_KEY"
+    monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("GATEWAY_MODEL", f"{provider}:some-model")
+    with pytest.raises(SettingsError) as caught:
+        load_settings(GROUPS)
+    assert str(caught.value).startswith(f"{variable} is required: GATEWAY_MODEL={provider}:some-model")
+    monkeypatch.setenv(f"GATEWAY_{provider.upper()}_BASE_URL", "http://127.0.0.1:8000/v1")
+    assert load_settings(GROUPS).model == f"{provider}:some-model"  # a server of one's own may go without
+    monkeypatch.delenv(f"GATEWAY_{provider.upper()}_BASE_URL")
+    monkeypatch.setenv(variable, "sk-test-key")
+    assert load_settings(GROUPS).model == f"{provider}:some-model"
