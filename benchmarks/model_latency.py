@@ -31,7 +31,8 @@ Figures: turns/s = messages / (last reply - first post); ideal = messages / (ack
 where ack time is first post -> last 200; the model's most calls in flight at once (counted by the
 fake server) and the seconds from its first call to its last (how long the turns took to start);
 429s; the ack time against the ``scripted`` baseline's; and the gateway's CPU per turn (its process's
-user + system time from the first post to the last reply, per message). A scenario passes when every
+user + system time from the first post to the last reply, per message) beside the same of the fake
+servers and the load generator together (they share the machine's cores with it). A scenario passes when every
 message got exactly one reply and, after SIGTERM, every inbox row is done and every outbox row sent. Goals:
 >= 0.8 of ideal at 1 s and at 5 s; under an RPM budget, 429s <= 1 % of calls and every turn finished.
 The table goes to stdout and benchmarks/model_latency_results.md.
@@ -229,6 +230,7 @@ class Outcome:
     exit_code: int
     model: dict[str, Any]
     gateway_cpu: float | None  # CPU seconds of gateway serve from its first post to its last reply
+    harness_cpu: float | None  # the same of the fake servers and the load generator together
 
     @property
     def turns_per_second(self) -> float:
@@ -297,8 +299,9 @@ def wait_for_answers(telegram: str, gateway: Server, count: int, timeout: float)
 
 
 def run_scenario(
-    args: argparse.Namespace, scenario: Scenario, telegram: str, model: str, number: int
+    args: argparse.Namespace, scenario: Scenario, fakes: tuple[Server, Server], number: int
 ) -> Outcome:
+    telegram, model = (fake.url for fake in fakes)
     waves = 2 if scenario.outage else 1
     chats = args.messages // waves
     id_base = (number + 1) * 100_000_000
@@ -313,6 +316,7 @@ def run_scenario(
         gateway = start_gateway(workdir, telegram, scenario, model)
         try:
             cpu_before = e2e.cpu_seconds(gateway.process.pid)
+            harness_before = harness_cpu(fakes)
             started = time.monotonic()
             asyncio.run(post_wave(gateway.url, 0, chats, chats, id_base))
             if scenario.outage:  # every chat's first message is in its turn: the provider goes down
@@ -323,6 +327,7 @@ def run_scenario(
                 telegram, gateway, chats * waves, scenario.outage + max(300.0, args.messages / 5)
             )
             cpu_after = e2e.cpu_seconds(gateway.process.pid)
+            harness_after = harness_cpu(fakes)
         finally:
             exit_code = gateway.stop()
         final = client.get(f"{telegram}/_bench/replies").json()
@@ -357,8 +362,21 @@ def run_scenario(
         outbox=outbox,
         exit_code=exit_code,
         model=stats,
-        gateway_cpu=cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None,
+        gateway_cpu=spent(cpu_before, cpu_after),
+        harness_cpu=spent(harness_before, harness_after),
     )
+
+
+def spent(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
+def harness_cpu(fakes: tuple[Server, Server]) -> float | None:
+    """CPU seconds so far of the fake servers and of this process (the load generator, the checks)."""
+    used = [e2e.cpu_seconds(fake.process.pid) for fake in fakes]
+    if None in used:
+        return None
+    return sum(u for u in used if u is not None) + time.process_time()
 
 
 def scenarios(args: argparse.Namespace) -> dict[str, Scenario]:
@@ -388,8 +406,8 @@ def table(outcomes: list[Outcome]) -> str:
     lines = [
         "| Scenario | turns/s | vs scripted turns/s | ideal | ratio to ideal | goal "
         "| max model calls in flight | 429s | 503s | holding replies | ack time (vs scripted) "
-        "| gateway CPU per turn | checks |",
-        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| gateway CPU per turn | fakes' and load's CPU per turn | checks |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for o in outcomes:
         goal, ok = goal_of(o)
@@ -398,12 +416,13 @@ def table(outcomes: list[Outcome]) -> str:
         calls = o.model.get("calls", 0)
         model = o.scenario.latency is not None
         cpu = "n/a" if o.gateway_cpu is None else f"{o.gateway_cpu / o.messages * 1000:.2f} ms"
+        harness = "n/a" if o.harness_cpu is None else f"{o.harness_cpu / o.messages * 1000:.2f} ms"
         lines.append(
             f"| {o.scenario.name} | {o.turns_per_second:,.0f} | {versus} "
             f"| {f'{o.ideal:,.0f}' if model else '-'} | {f'{o.ratio:.2f}' if model else '-'} | {goal} "
             f"| {o.model.get('max_in_flight', '-')} | {o.model.get('refused_429', 0)} of {calls:,} "
             f"| {o.model.get('refused_503', 0)} | {o.holding} | {o.ack_elapsed:.2f} s{acks} | {cpu} "
-            f"| {'PASS' if o.passed and ok else 'FAIL'} |"
+            f"| {harness} | {'PASS' if o.passed and ok else 'FAIL'} |"
         )
     return "\n".join(lines)
 
@@ -468,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for number, name in enumerate(chosen):
                 log(f"{name}: {args.messages:,} messages ...")
-                outcome = run_scenario(args, known[name], telegram.url, model.url, number)
+                outcome = run_scenario(args, known[name], (telegram, model), number)
                 log(
                     f"  {outcome.turns_per_second:,.0f} turns/s, ratio {outcome.ratio:.2f}, "
                     f"model {outcome.model}"
