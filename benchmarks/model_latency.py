@@ -85,10 +85,13 @@ class FakeModel:
         self.latency = 1.0
         self.rpm = 0
         self.outage_until = 0.0
+        self.in_flight = 0
         self.reset()
 
     def reset(self) -> None:
-        self.calls = self.refused_429 = self.refused_503 = self.in_flight = self.max_in_flight = 0
+        # Calls in flight stay counted: the outage scenario configures the fake while a wave waits on it.
+        self.calls = self.refused_429 = self.refused_503 = 0
+        self.max_in_flight = self.in_flight
         self.first_call = self.last_call = 0.0  # monotonic: over how long the calls arrived
         self._tokens = 0.0
         self._refilled = time.monotonic()
