@@ -63,6 +63,7 @@ class Settings(BaseSettings):
         frozen=True,
         case_sensitive=False,
         validate_default=True,
+        allow_inf_nan=False,  # an infinite duration is a datetime past the year 9999
     )
 
     database_url: str = Field(
@@ -135,12 +136,14 @@ class Settings(BaseSettings):
     model_retry_s: float = Field(
         default=1800,
         ge=0,
+        le=365 * 86400,
         description="How long a turn is retried after transient model failures (timeout, 429, 5xx, "
         "connection) before it is dead; later messages of its conversation wait behind it.",
     )
     holding_reply_after_s: float = Field(
         default=0,
         ge=0,
+        le=7 * 86400,
         description="After this many seconds of a model outage, the user gets the holding reply "
         "once per outage (0 = never).",
     )
@@ -189,7 +192,10 @@ class Settings(BaseSettings):
         description="Client connections open at once: a new one closes the longest idle one, or gets 503.",
     )
     dedup_ttl_hours: float = Field(
-        default=192, gt=0, description="How long message keys are remembered (WhatsApp retries for 7 days)."
+        default=192,
+        gt=0,
+        le=10 * 8760,
+        description="How long message keys are remembered (WhatsApp retries for 7 days).",
     )
     max_turns: int = Field(default=40, ge=1, description="Complete turns kept per conversation.")
     turn_kinds: Annotated[list[str], NoDecode] = Field(
@@ -238,6 +244,7 @@ class Settings(BaseSettings):
     delivery_retry_hours: float = Field(
         default=24,
         gt=0,
+        le=8760,
         description="How long a reply is retried after transient failures (network, 5xx, 429) before "
         "it is dead (listed and retried by operators); permanent refusals fail at once.",
     )

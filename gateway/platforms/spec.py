@@ -42,7 +42,7 @@ class PlatformSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        extra="forbid", frozen=True, case_sensitive=False, validate_default=True
+        extra="forbid", frozen=True, case_sensitive=False, validate_default=True, allow_inf_nan=False
     )
 
     @field_validator("*", mode="before")
