@@ -27,6 +27,7 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_valid
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gateway.errors import SettingsError
+from gateway.urls import check_base_url
 
 ENV_PREFIX = "GATEWAY_"
 CONFIG_FILE_ENV = "GATEWAY_CONFIG_FILE"
@@ -305,9 +306,7 @@ class Settings(BaseSettings):
     @field_validator("openai_base_url", "anthropic_base_url", "gemini_base_url")
     @classmethod
     def _check_base_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        return check_base_url(value)
 
     @field_validator("turn_kinds", mode="before")
     @classmethod

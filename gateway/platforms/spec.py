@@ -83,13 +83,6 @@ def secret(value: SecretStr | None) -> str | None:
     return None if value is None else value.get_secret_value()
 
 
-def check_base_url(value: str) -> str:
-    """An API base: http(s), without a trailing slash. For a settings field validator."""
-    if not value.startswith(("http://", "https://")):
-        raise ValueError("must be an http:// or https:// URL")
-    return value.rstrip("/")
-
-
 def interval(per_period: float, period_seconds: float) -> float:
     """`per_period` sends per `period_seconds` as the gap between two sends (0 means unlimited)."""
     return period_seconds / per_period if per_period > 0 else 0.0
