@@ -23,6 +23,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gateway.domain.inbound import InboundMessage
 from gateway.domain.outbound import ReplyTarget
 from gateway.platforms.base import PlatformAdapter, Sender
+from gateway.urls import check_base_url as check_base_url  # for the platforms' settings (re-exported)
 
 ENV_PREFIX = "GATEWAY_"
 

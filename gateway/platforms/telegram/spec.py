@@ -21,6 +21,7 @@ from gateway.platforms.spec import (
     PlatformSettings,
     PlatformSpec,
     SimulatedWebhook,
+    check_base_url,
     interval,
     message_target,
     secret,
@@ -29,7 +30,6 @@ from gateway.platforms.spec import (
 from gateway.platforms.telegram.adapter import SECRET_HEADER, TelegramAdapter
 from gateway.platforms.telegram.api import TelegramAPI, TelegramSender
 from gateway.platforms.telegram.identity import keep_identity
-from gateway.urls import check_base_url
 
 log = structlog.get_logger(__name__)
 

@@ -24,6 +24,7 @@ from gateway.platforms.spec import (
     PlatformSettings,
     PlatformSpec,
     SimulatedWebhook,
+    check_base_url,
     interval,
     message_target,
     secret,
@@ -31,7 +32,6 @@ from gateway.platforms.spec import (
 )
 from gateway.platforms.whatsapp.adapter import OBJECT_TYPE, PLATFORM, SIGNATURE_HEADER, WhatsAppAdapter
 from gateway.platforms.whatsapp.api import WhatsAppSender
-from gateway.urls import check_base_url
 
 log = structlog.get_logger(__name__)
 
