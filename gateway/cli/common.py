@@ -23,10 +23,21 @@ class CommandFailed(Exception):
     """A command failed in a way the user can act on; its message is the one line printed."""
 
 
+# The most lines a listing prints, or worker processes: a larger --limit reached SQLite, past its
+# integers, as an OverflowError.
+MAX_COUNT = 1_000_000
+
+
 def positive_int(value: str) -> int:
-    number = int(value)
+    """A limit or a count: 1 to MAX_COUNT."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
     if number < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    if number > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT:,}")
     return number
 
 

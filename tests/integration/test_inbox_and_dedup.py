@@ -135,3 +135,37 @@ def test_cli_inbox_and_dedup(
     assert "no dead inbox row" in capsys.readouterr().err
     assert main(["dedup", "purge"]) == 0
     assert "purged 3 expired message keys" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["inbox", "list", "--limit", "99999999999999999999"], "must be at most 1,000,000"),
+        (["outbox", "list", "--limit", str(2**63)], "must be at most 1,000,000"),
+        (["sessions", "list", "--limit", "0"], "must be at least 1"),
+        (["inbox", "list", "--limit", "ten"], "not a whole number: 'ten'"),
+    ],
+)
+def test_cli_limits_out_of_range_are_usage_errors(
+    sqlite_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    problem: str,
+) -> None:
+    """A limit past SQLite's integers reached it and ended in an OverflowError's traceback."""
+    monkeypatch.setenv("GATEWAY_DATABASE_URL", sqlite_url)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert problem in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("inbox_id", [2**63, 0, -1])
+def test_cli_inbox_retry_of_an_id_no_row_has(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], inbox_id: int
+) -> None:
+    """As `gateway outbox retry`: an id past BIGINT names no row (it was an OverflowError's traceback)."""
+    monkeypatch.setenv("GATEWAY_DATABASE_URL", sqlite_url)
+    assert main(["inbox", "retry", str(inbox_id)]) == 1
+    assert capsys.readouterr().err.strip() == f"gateway: no dead inbox row with id {inbox_id}"
