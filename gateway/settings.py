@@ -55,6 +55,9 @@ DEFAULT_TURN_KIND_NAMES = (
 )
 
 
+MIN_PORT, MAX_PORT = 1, 65535  # GATEWAY_PORT and `gateway serve --port`
+
+
 class Settings(BaseSettings):
     """Every setting of the service. Field names are the TOML keys; secrets are SecretStr."""
 
@@ -72,7 +75,7 @@ class Settings(BaseSettings):
         description="SQLAlchemy async URL: sqlite+aiosqlite:///path or postgresql+asyncpg://user:pw@host/db.",
     )
     host: str = Field(default="127.0.0.1", min_length=1, description="Address `gateway serve` binds.")
-    port: int = Field(default=8000, ge=1, le=65535, description="Port `gateway serve` binds.")
+    port: int = Field(default=8000, ge=MIN_PORT, le=MAX_PORT, description="Port `gateway serve` binds.")
     log_level: LogLevel = Field(default="info", description="Lowest level that is logged.")
     log_format: Literal["auto", "json", "console"] = Field(
         default="auto", description="json: one object per line; console: for humans; auto: console on a TTY."

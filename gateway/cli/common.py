@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from alembic.util.exc import CommandError
 
-from gateway.settings import Settings
+from gateway.settings import MAX_PORT, MIN_PORT, Settings
 from gateway.store import migrations
 from gateway.store.database import FAILURE_ERRORS, Database
 from gateway.store.engine import describe_failure
@@ -30,15 +30,27 @@ MAX_COUNT = 1_000_000
 
 def positive_int(value: str) -> int:
     """A limit or a count: 1 to MAX_COUNT."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    number = _whole(value)
     if number < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     if number > MAX_COUNT:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT:,}")
     return number
+
+
+def port_number(value: str) -> int:
+    """A TCP port to bind, in GATEWAY_PORT's range."""
+    number = _whole(value)
+    if not MIN_PORT <= number <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be from {MIN_PORT} to {MAX_PORT}")
+    return number
+
+
+def _whole(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
 
 
 @contextmanager

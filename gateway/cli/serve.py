@@ -13,7 +13,7 @@ from uvicorn.supervisors import Multiprocess
 
 from gateway.app import create_app
 from gateway.bootstrap import load_agent, tune_interpreter, turn_kinds
-from gateway.cli.common import EXIT_FAILURE, EXIT_OK, CommandFailed, positive_int, with_database
+from gateway.cli.common import EXIT_FAILURE, EXIT_OK, CommandFailed, port_number, positive_int, with_database
 from gateway.errors import SettingsError
 from gateway.platforms.spec import PlatformSpec
 from gateway.settings import Settings, env_name
@@ -31,7 +31,7 @@ log = structlog.get_logger("gateway.cli")
 def register(commands: Any) -> None:
     serve = commands.add_parser("serve", help="migrate the database to head, then serve HTTP")
     serve.add_argument("--host", help="bind address (default: GATEWAY_HOST)")
-    serve.add_argument("--port", type=int, help="bind port (default: GATEWAY_PORT)")
+    serve.add_argument("--port", type=port_number, help="bind port (default: GATEWAY_PORT)")
     serve.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
     serve.add_argument(
         "--no-migrate", action="store_true", help="skip the migration; only check the database"

@@ -202,3 +202,22 @@ def test_serve_refuses_a_bad_agent_setting(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "gateway: invalid setting GATEWAY_AGENT: 'gateway.demo:nothing_here' is nothing, not an Agent"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["--port", "70000"], "argument --port: must be from 1 to 65535"),
+        (["--port", "0"], "argument --port: must be from 1 to 65535"),
+        (["--port", "http"], "argument --port: not a whole number: 'http'"),
+        (["--workers", "0"], "argument --workers: must be at least 1"),
+    ],
+)
+def test_serve_refuses_a_bad_argument(tmp_path: Path, argv: list[str], problem: str) -> None:
+    """--port 70000 used to start and serve on some other port (uvicorn took it as given)."""
+    result = subprocess.run(
+        [GATEWAY, "serve", *argv], cwd=tmp_path, env=gateway_env(), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(f"gateway serve: error: {problem}")
+    assert not (tmp_path / "data").exists(), "nothing may be created when start-up is refused"
