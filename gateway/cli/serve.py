@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -39,9 +40,19 @@ def register(commands: Any) -> None:
     serve.set_defaults(run=run)
 
 
+def _check_host(host: str, given_as: str) -> None:
+    """A bind address that does not resolve stops start-up naming where it was given (uvicorn's own
+    line, later, names neither the host nor the setting)."""
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SettingsError(f"invalid setting {given_as}: cannot bind {host!r}: {exc.strerror}") from None
+
+
 def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[PlatformSpec[Any]]) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
+    _check_host(host, "--host" if args.host else env_name("host"))
     load_agent(settings.agent)  # a bad GATEWAY_AGENT stops start-up now, not at the first message
     turn_kinds(settings)
     limits = connection_limits(settings)

@@ -221,3 +221,24 @@ def test_serve_refuses_a_bad_argument(tmp_path: Path, argv: list[str], problem: 
     assert result.returncode == 2
     assert result.stderr.strip().endswith(f"gateway serve: error: {problem}")
     assert not (tmp_path / "data").exists(), "nothing may be created when start-up is refused"
+
+
+@pytest.mark.parametrize("given_as", ["--host", "GATEWAY_HOST"])
+def test_serve_refuses_a_host_that_does_not_resolve(tmp_path: Path, given_as: str) -> None:
+    """uvicorn's own line was '[Errno -2] Name or service not known', naming neither host nor setting."""
+    host = "no-such-host.invalid"
+    result = subprocess.run(
+        [GATEWAY, "serve", "--port", str(free_port()), *(["--host", host] if given_as == "--host" else [])],
+        cwd=tmp_path,
+        env=gateway_env(**({"GATEWAY_HOST": host} if given_as == "GATEWAY_HOST" else {})),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"gateway: invalid setting {given_as}: cannot bind '{host}': ")
+    )
+    assert not (tmp_path / "data").exists(), "nothing may be created when start-up is refused"
