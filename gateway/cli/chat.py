@@ -11,6 +11,7 @@ from typing import Any
 from gateway.agents import ModelError
 from gateway.bootstrap import build_runner
 from gateway.cli.common import EXIT_OK, with_database
+from gateway.domain import sessions as session_rules
 from gateway.platforms.spec import PlatformSpec
 from gateway.settings import Settings
 from gateway.store import migrations
@@ -19,8 +20,19 @@ from gateway.store.database import Database
 
 def register(commands: Any) -> None:
     chat = commands.add_parser("chat", help="talk to the configured agent in the terminal")
-    chat.add_argument("--session", help="session id to resume or create (default: a new cli:<random> id)")
+    chat.add_argument(
+        "--session", type=_session_id, help="session id to resume or create (default: a new cli:<random> id)"
+    )
     chat.set_defaults(run=run)
+
+
+def _session_id(value: str) -> str:
+    # A longer one reached the database (PostgreSQL refused it as "cannot use the database").
+    if not session_rules.is_valid_session_id(value):
+        raise argparse.ArgumentTypeError(
+            f"1 to {session_rules.MAX_SESSION_ID_LENGTH} characters, none of them a control character"
+        )
+    return value
 
 
 def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[PlatformSpec[Any]]) -> int:

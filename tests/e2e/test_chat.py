@@ -85,3 +85,14 @@ def test_a_failing_model_does_not_end_the_chat(tmp_path: Path) -> None:
     assert result.stdout.count("(the model failed:") == 2
     resumed = chat(tmp_path, [], "--session", "f1")
     assert "New session f1" in resumed.stdout  # the failed turns stored nothing
+
+
+@pytest.mark.parametrize("session", ["s" * 256, "tab\there"])
+def test_chat_refuses_a_session_id_no_session_can_have(tmp_path: Path, session: str) -> None:
+    """A 256-character id reached the database: PostgreSQL refused it as 'cannot use the database'."""
+    result = chat(tmp_path, ["hello"], "--session", session)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(
+        "argument --session: 1 to 255 characters, none of them a control character"
+    )
+    assert not (tmp_path / "data").exists(), "nothing may be created when the command is refused"
