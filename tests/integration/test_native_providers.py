@@ -139,6 +139,23 @@ async def test_a_refusal_is_permanent_and_says_why(provider: Provider) -> None:
     assert "tools.0.input_schema: invalid" in str(refused.value)
 
 
+async def test_a_blocked_prompt_is_permanent_and_says_why() -> None:
+    """Gemini answers a prompt its filters block with 200 and no candidates: that was a "malformed reply",
+    retried five times while the conversation's later messages waited. Asking again cannot help.
+    (Anthropic's refusal is an answer, maybe empty, not a missing one.)"""
+    fake = FakeGemini(GEMINI_KEY)
+    fake.enqueue({"promptFeedback": {"blockReason": "PROHIBITED_CONTENT"}, "usageMetadata": {}})
+    with serve_in_thread(fake.app) as url:
+        model = GeminiModel("gemini-test", f"{url}/v1beta", GEMINI_KEY, backoff_base=0.001)
+        with pytest.raises(ModelError) as refused:
+            await Runner(Agent("Desk", "Help.", model=model), SessionStore()).run_async("s1", "hi")
+        await model.aclose()
+
+    assert refused.value.permanent
+    assert "refused the request (the prompt was blocked: PROHIBITED_CONTENT)" in str(refused.value)
+    assert len(fake.requests) == 1
+
+
 @pytest.mark.parametrize("status", [503, 529])
 async def test_an_overloaded_provider_is_retried(provider: Provider, status: int) -> None:
     provider.fake.enqueue({"error": {"message": "overloaded"}}, status=status)

@@ -37,8 +37,9 @@ class ModelError(GatewayError):
     """A model provider refused or failed a request; carries its HTTP status and message when known.
 
     `transient`: the provider may well answer later (timeout, 429, 5xx, connection), so the turn is
-    worth waiting for; `permanent`: asking again cannot help (a 4xx such as 400, 401, 404, or a
-    redirect, which is never followed).
+    worth waiting for; `permanent`: asking again cannot help (a 4xx such as 400, 401, 404, a
+    redirect, which is never followed, or a request the provider `refused` in a 200, such as a
+    blocked prompt).
     """
 
     def __init__(
@@ -48,15 +49,17 @@ class ModelError(GatewayError):
         status: int | None = None,
         provider: str | None = None,
         transient: bool = False,
+        refused: bool = False,
     ) -> None:
         super().__init__(message if status is None else f"{provider or 'model'} answered {status}: {message}")
         self.status = status
         self.message = message
         self.provider = provider
         self.transient = transient
+        self.refused = refused
 
     @property
     def permanent(self) -> bool:
-        return (
+        return self.refused or (
             not self.transient and self.status is not None and 300 <= self.status < 500
         )  # 3xx: never followed

@@ -25,7 +25,7 @@ import httpx
 
 from gateway.agents.models.base import ToolSpec
 from gateway.agents.models.budget import ProviderBudget
-from gateway.agents.models.http_model import AgentLike, HttpChatModel, Malformed
+from gateway.agents.models.http_model import AgentLike, HttpChatModel, Malformed, Refused
 from gateway.agents.models.openai_compat import count
 from gateway.domain.messages import Message, Role, ToolCall
 
@@ -74,6 +74,10 @@ class GeminiModel(HttpChatModel):
     def parse_reply(self, data: Any, agent: AgentLike) -> Message:
         candidates = data.get("candidates") if isinstance(data, dict) else None
         if not isinstance(candidates, list) or not candidates or not isinstance(candidates[0], dict):
+            feedback = data.get("promptFeedback") if isinstance(data, dict) else None
+            blocked = feedback.get("blockReason") if isinstance(feedback, dict) else None
+            if isinstance(blocked, str) and blocked:
+                raise Refused(f"the prompt was blocked: {blocked[:64]}")
             raise Malformed("no candidates")
         content = candidates[0].get("content") or {}
         parts = content.get("parts") if isinstance(content, dict) else None

@@ -34,7 +34,7 @@ from gateway.agents.models.wire import (
 from gateway.domain.messages import Message, ModelUsage
 from gateway.http_client import HttpAnswer, endpoint, http_client, post
 
-__all__ = ["AgentLike", "HttpChatModel", "Malformed"]
+__all__ = ["AgentLike", "HttpChatModel", "Malformed", "Refused"]
 
 logger = structlog.get_logger(__name__)
 
@@ -50,6 +50,11 @@ class AgentLike(Protocol):
 
 class Malformed(Exception):
     """Raised by a subclass's `parse_reply`: the answer does not have the provider's shape (why)."""
+
+
+class Refused(Exception):
+    """Raised by a subclass's `parse_reply`: the provider declined the request itself (why), e.g. a
+    blocked prompt: asking again cannot help, so the turn is dead at once."""
 
 
 class _RetryableStatus(Exception):
@@ -161,6 +166,12 @@ class HttpChatModel:
             reply = self.parse_reply(data, agent)
         except Malformed as exc:
             raise self._malformed(response, str(exc)) from None
+        except Refused as exc:
+            raise ModelError(
+                f"{self.PROVIDER} model {self.model!r} refused the request ({exc})",
+                provider=self.PROVIDER,
+                refused=True,
+            ) from None
         input_tokens, output_tokens = self.tokens(data)
         if input_tokens or output_tokens:
             self.budget.spend(grant, input_tokens + output_tokens)
