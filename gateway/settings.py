@@ -13,7 +13,6 @@ the app pass the registry's).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import sys
@@ -272,8 +271,8 @@ class Settings(BaseSettings):
     @classmethod
     def _check_prices(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
         for model, pair in value.items():
-            if not all(math.isfinite(price) and price >= 0 for price in pair):
-                raise ValueError(f"the prices of {model!r} must be finite and 0 or more")
+            if not all(price >= 0 for price in pair):  # finite: allow_inf_nan=False checked that
+                raise ValueError(f"the prices of {model!r} must be 0 or more")
         return value
 
     @field_validator("model")
