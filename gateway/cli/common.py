@@ -26,6 +26,7 @@ class CommandFailed(Exception):
 # The most lines a listing prints, or worker processes: a larger --limit reached SQLite, past its
 # integers, as an OverflowError.
 MAX_COUNT = 1_000_000
+MAX_WAIT_SECONDS = 3600.0
 
 
 def positive_int(value: str) -> int:
@@ -43,6 +44,17 @@ def port_number(value: str) -> int:
     number = _whole(value)
     if not MIN_PORT <= number <= MAX_PORT:
         raise argparse.ArgumentTypeError(f"must be from {MIN_PORT} to {MAX_PORT}")
+    return number
+
+
+def seconds(value: str) -> float:
+    """A wait: more than 0 and at most an hour (nan, inf and negatives read as waits once)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 < number <= MAX_WAIT_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most {MAX_WAIT_SECONDS:g}")
     return number
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from gateway.bootstrap import platform_settings
-from gateway.cli.common import EXIT_OK, CommandFailed, with_database
+from gateway.cli.common import EXIT_OK, CommandFailed, seconds, with_database
 from gateway.errors import SettingsError
 from gateway.http_client import http_client
 from gateway.platforms import local_key
@@ -35,7 +35,7 @@ def register(commands: Any, platforms: Sequence[PlatformSpec[Any]]) -> None:
     simulate.add_argument("--user", help=f"sender: the user's id on the platform (default: {defaults})")
     simulate.add_argument("--url", help="the gateway (default: http://GATEWAY_HOST:GATEWAY_PORT)")
     simulate.add_argument(
-        "--timeout", type=float, default=30, help="seconds to wait for the reply (default 30)"
+        "--timeout", type=seconds, default=30, help="seconds to wait for the reply (default 30, at most 3600)"
     )
     simulate.set_defaults(run=run)
 

@@ -87,3 +87,19 @@ def test_a_key_other_users_can_read_is_refused_in_one_line(tmp_path: Path) -> No
     assert result.returncode == 1
     assert "readable by other users" in result.stderr
     assert "chmod 600" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("timeout", "problem"),
+    [
+        ("nan", "must be more than 0 and at most 3600"),
+        ("-1", "must be more than 0 and at most 3600"),
+        ("inf", "must be more than 0 and at most 3600"),
+        ("soon", "not a number: 'soon'"),
+    ],
+)
+def test_simulate_refuses_a_timeout_that_is_no_wait(tmp_path: Path, timeout: str, problem: str) -> None:
+    """nan, inf and negative timeouts were taken as given."""
+    result = simulate(tmp_path, free_port(), "telegram", "hi", "--timeout", timeout)
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(f"argument --timeout: {problem}")
