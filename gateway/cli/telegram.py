@@ -6,13 +6,14 @@ import argparse
 import asyncio
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.bootstrap import HTTP_TIMEOUT_SECONDS
 from gateway.cli.common import EXIT_OK, CommandFailed
 from gateway.errors import SettingsError
 from gateway.http_client import http_client
 from gateway.platforms.spec import PlatformSpec
-from gateway.platforms.telegram.api import TelegramAPI, TelegramAPIError
+from gateway.platforms.telegram.api import WEBHOOK_PORTS, TelegramAPI, TelegramAPIError
 from gateway.platforms.telegram.spec import TELEGRAM, TelegramSettings
 from gateway.settings import Settings
 
@@ -69,7 +70,16 @@ async def _telegram(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _telegram_webhook_url(url: str) -> str:
-    """A bare base URL gets the gateway's route appended; a full URL is kept as given."""
-    if not url.startswith(("https://", "http://")):
-        raise CommandFailed(f"not a URL: {url!r} (Telegram needs https://…)")
+    """A bare base URL gets the gateway's route appended; a full URL is kept as given. What Telegram
+    would refuse (it posts over HTTPS only, to WEBHOOK_PORTS) is refused here, in words."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise CommandFailed(f"not a URL: {url!r}") from None
+    if parts.scheme != "https" or not parts.hostname:
+        raise CommandFailed(f"not an https:// URL: {url!r} (Telegram posts webhooks over HTTPS only)")
+    if port is not None and port not in WEBHOOK_PORTS:
+        allowed = ", ".join(str(p) for p in WEBHOOK_PORTS[:-1]) + f" and {WEBHOOK_PORTS[-1]}"
+        raise CommandFailed(f"port {port}: Telegram sends webhooks to ports {allowed} only")
     return url if url.rstrip("/").endswith("/webhooks/telegram") else url.rstrip("/") + "/webhooks/telegram"

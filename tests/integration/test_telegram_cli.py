@@ -8,7 +8,7 @@ import pytest
 
 from gateway.cli import main
 from tests.fakes import FakeTelegram
-from tests.helpers import serve_in_thread
+from tests.helpers import free_port, serve_in_thread
 
 TOKEN = "123456:test-bot-token"
 SECRET = "tg-secret_1"
@@ -60,3 +60,41 @@ def test_without_tokens_it_names_the_settings(
 ) -> None:
     assert main(["telegram", "webhook-info"]) == 2
     assert "GATEWAY_TELEGRAM_BOT_TOKEN" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        (
+            "bot.example.com",
+            "not an https:// URL: 'bot.example.com' (Telegram posts webhooks over HTTPS only)",
+        ),
+        (
+            "http://bot.example.com",
+            "not an https:// URL: 'http://bot.example.com' (Telegram posts webhooks over HTTPS only)",
+        ),
+        (
+            "https://bot.example.com:8080",
+            "port 8080: Telegram sends webhooks to ports 443, 80, 88 and 8443 only",
+        ),
+    ],
+)
+def test_set_webhook_refuses_a_url_telegram_would(
+    telegram: FakeTelegram, capsys: pytest.CaptureFixture[str], url: str, problem: str
+) -> None:
+    """Telegram posts webhooks over HTTPS, to four ports only: an http:// URL went to the Bot API."""
+    assert main(["telegram", "set-webhook", url]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"gateway: {problem}"  # after the fake's log
+    assert telegram.calls("setWebhook") == []
+
+
+def test_an_unreachable_bot_api_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GATEWAY_TELEGRAM_API_BASE", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("GATEWAY_TELEGRAM_BOT_TOKEN", TOKEN)
+    monkeypatch.setenv("GATEWAY_TELEGRAM_SECRET_TOKEN", SECRET)
+    assert main(["telegram", "webhook-info"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "gateway: Telegram getWebhookInfo failed: cannot reach the Bot API (ConnectError)"
+    )  # it said "failed (None)": no status to give

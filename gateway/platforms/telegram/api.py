@@ -32,6 +32,8 @@ ALLOWED_UPDATES = (
 
 log = structlog.get_logger(__name__)
 JSON = {"Content-Type": "application/json"}
+# The only ports setWebhook takes, over HTTPS only.
+WEBHOOK_PORTS = (443, 80, 88, 8443)
 
 
 class TelegramAPIError(GatewayError):
@@ -45,7 +47,7 @@ class TelegramAPIError(GatewayError):
         retry_after: float | None = None,
         migrate_to_chat_id: int | None = None,
     ) -> None:
-        super().__init__(f"Telegram {method} failed ({code}): {description}")
+        super().__init__(f"Telegram {method} failed{'' if code is None else f' ({code})'}: {description}")
         self.code = code
         self.description = description
         self.retry_after = retry_after
