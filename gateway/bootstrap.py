@@ -268,8 +268,33 @@ def turn_kinds(settings: Settings) -> frozenset[MessageKind]:
     return frozenset(MessageKind(kind) for kind in settings.turn_kinds)
 
 
-def load_agent(spec: str) -> Agent:
-    """The starting agent named by GATEWAY_AGENT ("module:attribute"); SettingsError when it is not one."""
+def load_agent(settings: Settings) -> Agent:
+    """The starting agent named by GATEWAY_AGENT ("module:attribute"); SettingsError when it is not one,
+    or when an agent it reaches names a model that cannot answer with these settings (else each turn
+    found it out, five attempts before it was dead)."""
+    agent = _agent_at(settings.agent)
+    for each in _reachable(agent):
+        if isinstance(each.model, str) and (problem := settings.model_problem(each.model)):
+            raise SettingsError(
+                f"invalid setting GATEWAY_AGENT: agent {each.name!r} names model {each.model!r}, "
+                f"which {problem}"
+            )
+    return agent
+
+
+def _reachable(agent: Agent) -> list[Agent]:
+    """The agent and every agent its handoffs reach, each once."""
+    found: dict[int, Agent] = {}
+    waiting = [agent]
+    while waiting:
+        each = waiting.pop()
+        if id(each) not in found:
+            found[id(each)] = each
+            waiting.extend(each.handoffs)
+    return list(found.values())
+
+
+def _agent_at(spec: str) -> Agent:
     module_name, _, attribute = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -294,7 +319,7 @@ def build_runner(
     store = SQLSessionStore(
         database, default_max_turns=settings.max_turns, dedup_ttl_hours=settings.dedup_ttl_hours
     )
-    return Runner(load_agent(settings.agent), store, model_factory=build_models(settings, http, budgets))
+    return Runner(load_agent(settings), store, model_factory=build_models(settings, http, budgets))
 
 
 def build_models(

@@ -55,6 +55,8 @@ DEFAULT_TURN_KIND_NAMES = (
 
 
 MIN_PORT, MAX_PORT = 1, 65535  # GATEWAY_PORT and `gateway serve --port`
+MODEL_PROVIDERS = ("openai", "anthropic", "gemini")
+MODEL_SPECS = "'scripted', 'openai:<model>', 'anthropic:<model>' or 'gemini:<model>'"
 
 
 class Settings(BaseSettings):
@@ -278,10 +280,26 @@ class Settings(BaseSettings):
     @field_validator("model")
     @classmethod
     def _check_model(cls, value: str) -> str:
-        provider, _, name = value.partition(":")
-        if value == "scripted" or (provider in ("openai", "anthropic", "gemini") and name):
-            return value
-        raise ValueError("must be 'scripted', 'openai:<model>', 'anthropic:<model>' or 'gemini:<model>'")
+        if not _known_shape(value):
+            raise ValueError(f"must be {MODEL_SPECS}")
+        return value
+
+    def model_problem(self, spec: str) -> str | None:
+        """Why a model spec (GATEWAY_MODEL's, or an agent's) cannot answer with these settings, or None:
+        a spec of no known shape, or a provider's own endpoint without its key, which refuses every
+        call (a server of one's own, at another base URL, may go without)."""
+        if not _known_shape(spec):
+            return f"is not {MODEL_SPECS}"
+        provider = spec.partition(":")[0]
+        if provider not in MODEL_PROVIDERS:
+            return None
+        base_url = getattr(self, f"{provider}_base_url")
+        if getattr(self, f"{provider}_api_key") is None and base_url == _default(f"{provider}_base_url"):
+            return (
+                f"needs {env_name(provider + '_api_key')}: it calls {base_url} (only a server of your own, "
+                f"at {env_name(provider + '_base_url')}, may go without)"
+            )
+        return None
 
     # The platforms' settings groups (GATEWAY_TELEGRAM_*, ...), loaded with these settings: see `group`.
     _groups: dict[str, BaseSettings] = PrivateAttr(default_factory=dict)
@@ -560,17 +578,14 @@ def settings_from(
 
 
 def _check_model_key(settings: Settings) -> None:
-    """A provider's own endpoint refuses every call without a key: stop start-up rather than let every
-    turn fail. A server of one's own (another base URL: a proxy, a local model) may go without."""
-    provider = settings.model.partition(":")[0]
-    if provider not in ("openai", "anthropic", "gemini"):
-        return
-    base_url = getattr(settings, f"{provider}_base_url")
-    if getattr(settings, f"{provider}_api_key") is None and base_url == _default(f"{provider}_base_url"):
-        raise SettingsError(
-            f"{env_name(provider + '_api_key')} is required: {env_name('model')}={settings.model} calls "
-            f"{base_url} (only a server of your own, at {env_name(provider + '_base_url')}, may go without)"
-        )
+    """Stop start-up rather than let every turn fail on a model that cannot answer."""
+    if problem := settings.model_problem(settings.model):
+        raise SettingsError(f"invalid setting {env_name('model')}: {settings.model!r} {problem}")
+
+
+def _known_shape(spec: str) -> bool:
+    provider, _, name = spec.partition(":")
+    return spec == "scripted" or (provider in MODEL_PROVIDERS and bool(name))
 
 
 def _default(field: str) -> Any:

@@ -53,7 +53,7 @@ def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[Platfo
     host = args.host or settings.host
     port = args.port or settings.port
     _check_host(host, "--host" if args.host else env_name("host"))
-    load_agent(settings.agent)  # a bad GATEWAY_AGENT stops start-up now, not at the first message
+    load_agent(settings)  # a bad GATEWAY_AGENT stops start-up now, not at the first message
     turn_kinds(settings)
     limits = connection_limits(settings)
     if is_memory_sqlite(settings.database_url):

@@ -27,7 +27,7 @@ def register(commands: Any) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace, platforms: Sequence[PlatformSpec[Any]]) -> int:
-    load_agent(settings.agent)
+    load_agent(settings)
     return asyncio.run(_worker(settings, platforms))
 
 

@@ -242,3 +242,69 @@ def test_serve_refuses_a_host_that_does_not_resolve(tmp_path: Path, given_as: st
         .startswith(f"gateway: invalid setting {given_as}: cannot bind '{host}': ")
     )
     assert not (tmp_path / "data").exists(), "nothing may be created when start-up is refused"
+
+
+AGENTS_NAMING_MODELS = (
+    "from gateway.agents import Agent\n"
+    "billing = Agent('Billing', 'Refunds.', model='claude:sonnet')\n"
+    "typo = Agent('Desk', 'Help.', handoffs=[billing])\n"
+    "keyless = Agent('Desk', 'Help.', model='anthropic:claude-x')\n"
+    "own_server = Agent('Desk', 'Help.', model='gemini:gemini-x')\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "agent", "problem"),
+    [
+        (
+            "serve",
+            "typo",  # the model of an agent reached only by a handoff
+            "invalid setting GATEWAY_AGENT: agent 'Billing' names model 'claude:sonnet', which is not "
+            "'scripted', 'openai:<model>', 'anthropic:<model>' or 'gemini:<model>'",
+        ),
+        (
+            "worker",
+            "keyless",
+            "invalid setting GATEWAY_AGENT: agent 'Desk' names model 'anthropic:claude-x', which needs "
+            "GATEWAY_ANTHROPIC_API_KEY: it calls https://api.anthropic.com (only a server of your own, "
+            "at GATEWAY_ANTHROPIC_BASE_URL, may go without)",
+        ),
+    ],
+)
+def test_serve_and_worker_check_the_models_their_agents_name(
+    tmp_path: Path, command: str, agent: str, problem: str
+) -> None:
+    """A model spec no provider has, or a provider's own endpoint without its key, was found by each
+    turn, retried five times and dead-lettered: start-up refuses it now."""
+    (tmp_path / "agents_naming_models.py").write_text(AGENTS_NAMING_MODELS)
+    result = subprocess.run(
+        [GATEWAY, command, *(["--port", str(free_port())] if command == "serve" else [])],
+        cwd=tmp_path,
+        env=gateway_env(GATEWAY_AGENT=f"agents_naming_models:{agent}", PYTHONPATH=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"gateway: {problem}"]
+    assert not (tmp_path / "data").exists(), "nothing may be created when start-up is refused"
+
+
+def test_an_agents_model_on_a_server_of_ones_own_needs_no_key(tmp_path: Path) -> None:
+    (tmp_path / "agents_naming_models.py").write_text(AGENTS_NAMING_MODELS)
+    port = free_port()
+    process = subprocess.Popen(
+        [GATEWAY, "serve", "--port", str(port)],
+        cwd=tmp_path,
+        env=gateway_env(
+            GATEWAY_AGENT="agents_naming_models:own_server",
+            GATEWAY_GEMINI_BASE_URL="http://127.0.0.1:9/v1beta",
+            PYTHONPATH=str(tmp_path),
+        ),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_ready(process, f"http://127.0.0.1:{port}").status_code == 200
+    finally:
+        assert stop(process)[0] == 0
