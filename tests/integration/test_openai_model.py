@@ -109,6 +109,26 @@ async def test_text_reply(fake: FakeOpenAI, make_model: MakeModel) -> None:
     assert "tools" not in fake.requests[0].json
 
 
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+    ],
+    ids=["refusal-field", "refusal-part"],
+)
+async def test_a_refusal_is_the_reply(
+    fake: FakeOpenAI, make_model: MakeModel, message: dict[str, Any]
+) -> None:
+    """A model's refusal (its `refusal` field, or a content part of that type) is what the user should read:
+    it was dropped, and the user got no reply at all."""
+    fake.enqueue(200, {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+
+    reply = await make_model().respond(StubAgent(), USER_HI, [])
+
+    assert reply.content == "I can't help with that."
+
+
 async def test_tool_call_reply_is_parsed(fake: FakeOpenAI, make_model: MakeModel) -> None:
     fake.enqueue_tool_calls(
         tool_call("call_1", "get_weather", {"city": "Lisbon", "units": {"temp": "C"}}),

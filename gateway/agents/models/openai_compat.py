@@ -81,7 +81,7 @@ class OpenAIChatModel(HttpChatModel):
             raise Malformed(f"invalid tool call: {type(exc).__name__} {exc}") from None
         return Message(
             role=Role.MODEL,
-            content=_parse_content(message.get("content")),
+            content=_parse_content(message.get("content"), message.get("refusal")),
             tool_calls=tool_calls,
             agent_name=agent.name,
         )
@@ -167,9 +167,18 @@ def _parse_arguments(raw: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {RAW_ARGUMENTS_KEY: text}
 
 
-def _parse_content(content: Any) -> str | None:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return str(content)
+def _parse_content(content: Any, refusal: Any) -> str | None:
+    """The reply's text; a refusal (the `refusal` field, or a content part of that type) is the model's
+    words to the user as well, else the user would get no reply at all."""
+    text: str | None
+    if isinstance(content, list):  # content parts: keep the text and refusal ones
+        text = "".join(
+            str(p.get(p["type"]) or "")
+            for p in content
+            if isinstance(p, dict) and p.get("type") in ("text", "refusal")
+        )
+    else:
+        text = None if content is None else str(content)
+    if not text and isinstance(refusal, str) and refusal:
+        return refusal
+    return text
