@@ -30,7 +30,7 @@ from gateway.platforms import local_key
 from gateway.platforms.base import PlatformAdapter, Sender
 from gateway.platforms.registry import PLATFORMS, by_name
 from gateway.platforms.spec import ConfiguredPlatform, PlatformSettings, PlatformSpec
-from gateway.settings import Settings
+from gateway.settings import MODEL_PROVIDERS, Settings
 from gateway.store.database import Database
 from gateway.store.ingest import Ingest
 from gateway.worker.budget_shares import share_budgets
@@ -358,5 +358,5 @@ def build_budgets(settings: Settings) -> dict[str, ProviderBudget]:
             rpm=getattr(settings, f"{provider}_rpm"),
             tpm=getattr(settings, f"{provider}_tpm"),
         )
-        for provider in ("openai", "anthropic", "gemini")
+        for provider in MODEL_PROVIDERS
     }
