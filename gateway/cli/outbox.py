@@ -57,8 +57,7 @@ def _retry(settings: Settings, outbox_id: int) -> int:
         requeued = await outbox.requeue(database, outbox_id)
         return requeued, None if requeued else await outbox.get_item(database, outbox_id)
 
-    # An id past BIGINT names no row; PostgreSQL would refuse the statement instead of finding none.
-    requeued, current = with_database(settings, requeue) if 1 <= outbox_id <= outbox.MAX_ID else (None, None)
+    requeued, current = with_database(settings, requeue)
     if current is not None:
         detail = "only a dead or failed row is retried"
         raise CommandFailed(f"outbox row {outbox_id} is {current.status}: {detail}")

@@ -269,6 +269,8 @@ async def list_items(db: Database, status: str | None = None, limit: int = 50) -
 
 
 async def get_item(db: Database, inbox_id: int) -> InboxItem | None:
+    if not _names_a_row(inbox_id):
+        return None
     async with db.connect() as conn:
         row = (await conn.execute(select(*_ITEM_COLUMNS).where(InboxRow.id == inbox_id))).one_or_none()
     return None if row is None else InboxItem(*row)
@@ -282,6 +284,8 @@ async def retry(db: Database, inbox_id: int) -> bool:
 async def requeue(db: Database, inbox_id: int) -> InboxItem | None:
     """Like `retry`, answering the row as the requeue left it (None if there is no dead row with that id).
     Its model outage is forgotten: a row that gave up after GATEWAY_MODEL_RETRY_S gets a patience anew."""
+    if not _names_a_row(inbox_id):
+        return None
     statement = (
         update(InboxRow)
         .where(InboxRow.id == inbox_id, InboxRow.status == "dead")
@@ -323,3 +327,8 @@ async def outcome(db: Database, dedup_key: str) -> Outcome | None:
         if row is None:
             return None
         return Outcome(row.status, row.last_error, await outbox.reply_texts(conn, row.id))
+
+
+def _names_a_row(inbox_id: int) -> bool:
+    """An id past BIGINT names no row: PostgreSQL would refuse the statement, SQLite overflow."""
+    return 1 <= inbox_id <= MAX_ID

@@ -342,6 +342,8 @@ async def list_items(db: Database, status: str | None = None, limit: int = 50) -
 
 
 async def get_item(db: Database, outbox_id: int) -> OutboxItem | None:
+    if not _names_a_row(outbox_id):
+        return None
     async with db.connect() as conn:
         row = (await conn.execute(select(*_ITEM_COLUMNS).where(OutboxRow.id == outbox_id))).one_or_none()
     return None if row is None else OutboxItem(**row._mapping)
@@ -351,6 +353,8 @@ async def requeue(db: Database, outbox_id: int) -> OutboxItem | None:
     """Send a dead or failed reply again, with fresh attempts and a fresh budget; the row as the requeue
     left it, or None if there is no dead or failed row with that id. Its conversation's later replies,
     already sent, stay sent: this one arrives after them."""
+    if not _names_a_row(outbox_id):
+        return None
     now = utcnow()
     statement = (
         update(OutboxRow)
@@ -394,3 +398,8 @@ async def waiting(db: Database) -> list[Waiting]:
     async with db.connect() as conn:
         rows = list(await conn.execute(query))
     return [Waiting(platform, count, oldest) for platform, count, oldest in rows]
+
+
+def _names_a_row(outbox_id: int) -> bool:
+    """An id past BIGINT names no row: PostgreSQL would refuse the statement, SQLite overflow."""
+    return 1 <= outbox_id <= MAX_ID

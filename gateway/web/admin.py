@@ -336,8 +336,6 @@ async def inbox_retry(request: Request, admin: Admin, database: Database) -> Res
     _only_params(request, set())
     raw: str = request.path_params["inbox_id"]
     inbox_id = int(raw) if _DIGITS.fullmatch(raw) else 0
-    if not 1 <= inbox_id <= inbox.MAX_ID:
-        raise _Rejected(404, "not_found", "no inbox row with that id")
     requeued = await inbox.requeue(database, inbox_id)
     if requeued is None:
         current = await inbox.get_item(database, inbox_id)

@@ -66,8 +66,6 @@ async def outbox_retry(request: Request, admin: Admin, database: Database) -> Re
     _only_params(request, set())
     raw: str = request.path_params["outbox_id"]
     outbox_id = int(raw) if _DIGITS.fullmatch(raw) else 0
-    if not 1 <= outbox_id <= outbox.MAX_ID:
-        raise _no_row()
     requeued = await outbox.requeue(database, outbox_id)
     if requeued is None:
         current = await outbox.get_item(database, outbox_id)

@@ -280,7 +280,9 @@ async def bulk_expired(store: BaseSessionStore, count: int) -> None:
 
 def _shared_sql_store(store: BaseSessionStore) -> SQLSessionStore:
     if not isinstance(store, SQLSessionStore) or store.engine.url.database in (None, "", ":memory:"):
-        pytest.skip(reason="only a database that two stores can open is shared")
+        pytest.skip(
+            reason="an in-memory store (or an in-memory SQLite) is one store's own: no second one can open it"
+        )
     return store
 
 
