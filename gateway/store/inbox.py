@@ -25,10 +25,9 @@ from gateway.store import leases, outbox, storable
 from gateway.store.database import Database
 from gateway.store.postgres_lanes import Statement
 from gateway.store.sqlite_thread import to_sqlite_datetime
-from gateway.store.tables import InboxRow, of_status_index
+from gateway.store.tables import InboxRow, names_a_row, of_status_index
 
 STATUSES = ("pending", "recorded", "done", "dead")
-MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL
 _CLAIMED = ("platform", "session_id", "text", "message_json", "attempts", leases.SESSION_VERSION)
 
 
@@ -269,7 +268,7 @@ async def list_items(db: Database, status: str | None = None, limit: int = 50) -
 
 
 async def get_item(db: Database, inbox_id: int) -> InboxItem | None:
-    if not _names_a_row(inbox_id):
+    if not names_a_row(inbox_id):
         return None
     async with db.connect() as conn:
         row = (await conn.execute(select(*_ITEM_COLUMNS).where(InboxRow.id == inbox_id))).one_or_none()
@@ -284,7 +283,7 @@ async def retry(db: Database, inbox_id: int) -> bool:
 async def requeue(db: Database, inbox_id: int) -> InboxItem | None:
     """Like `retry`, answering the row as the requeue left it (None if there is no dead row with that id).
     Its model outage is forgotten: a row that gave up after GATEWAY_MODEL_RETRY_S gets a patience anew."""
-    if not _names_a_row(inbox_id):
+    if not names_a_row(inbox_id):
         return None
     statement = (
         update(InboxRow)
@@ -327,8 +326,3 @@ async def outcome(db: Database, dedup_key: str) -> Outcome | None:
         if row is None:
             return None
         return Outcome(row.status, row.last_error, await outbox.reply_texts(conn, row.id))
-
-
-def _names_a_row(inbox_id: int) -> bool:
-    """An id past BIGINT names no row: PostgreSQL would refuse the statement, SQLite overflow."""
-    return 1 <= inbox_id <= MAX_ID

@@ -27,7 +27,7 @@ from gateway.store.database import Database
 from gateway.store.postgres_lanes import Statement
 from gateway.store.sqlite_thread import from_sqlite_datetime, to_sqlite_datetime
 from gateway.store.storable import json_text
-from gateway.store.tables import OutboxRow, of_status_index
+from gateway.store.tables import OutboxRow, names_a_row, of_status_index
 
 ROWS_PER_STATEMENT = 64  # rows per multi-row insert; far below SQLite's limits
 _KINDS = frozenset(kind.value for kind in OutboundKind)
@@ -35,7 +35,6 @@ _CLAIMED = ("platform", "session_id", "kind", "text", "target_json", "attempts",
 STATUSES = ("pending", "sent", "delivered", "read", "played", "failed", "dead", "dry_run")
 # What an operator may send again: given up after the delivery budget, or refused by the platform.
 RETRYABLE = ("dead", "failed")
-MAX_ID = 2**63 - 1  # ids are BIGINT on PostgreSQL: a larger one names no row
 # A status only moves a row forward: a late "delivered" does not undo "read"; "failed" always applies.
 _STATUS_RANK = {"sent": 1, "delivered": 2, "read": 3, "played": 3}
 
@@ -342,7 +341,7 @@ async def list_items(db: Database, status: str | None = None, limit: int = 50) -
 
 
 async def get_item(db: Database, outbox_id: int) -> OutboxItem | None:
-    if not _names_a_row(outbox_id):
+    if not names_a_row(outbox_id):
         return None
     async with db.connect() as conn:
         row = (await conn.execute(select(*_ITEM_COLUMNS).where(OutboxRow.id == outbox_id))).one_or_none()
@@ -353,7 +352,7 @@ async def requeue(db: Database, outbox_id: int) -> OutboxItem | None:
     """Send a dead or failed reply again, with fresh attempts and a fresh budget; the row as the requeue
     left it, or None if there is no dead or failed row with that id. Its conversation's later replies,
     already sent, stay sent: this one arrives after them."""
-    if not _names_a_row(outbox_id):
+    if not names_a_row(outbox_id):
         return None
     now = utcnow()
     statement = (
@@ -398,8 +397,3 @@ async def waiting(db: Database) -> list[Waiting]:
     async with db.connect() as conn:
         rows = list(await conn.execute(query))
     return [Waiting(platform, count, oldest) for platform, count, oldest in rows]
-
-
-def _names_a_row(outbox_id: int) -> bool:
-    """An id past BIGINT names no row: PostgreSQL would refuse the statement, SQLite overflow."""
-    return 1 <= outbox_id <= MAX_ID

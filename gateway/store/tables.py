@@ -35,6 +35,15 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+# Ids are BIGINT on PostgreSQL: a larger one names no row (PostgreSQL refuses the statement, sqlite3
+# overflows), so it is answered as one that names none (`names_a_row`).
+MAX_ID = 2**63 - 1
+
+
+def names_a_row(row_id: int) -> bool:
+    return 1 <= row_id <= MAX_ID
+
+
 # The status indexes' rows: a queue's pending rows are few by the statistics, so an index holding them
 # lured PostgreSQL into walking all of them for statements that name one conversation or a few ids.
 NOT_PENDING = sql("status <> 'pending'")

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.domain import sessions as session_rules
 from gateway.store import inbox, outbox
+from gateway.store.tables import MAX_ID
 from gateway.web import openapi_usage
 
 BEARER = "bearerAuth"
@@ -305,7 +306,7 @@ PATHS: dict[str, Any] = {
                     "name": "inbox_id",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "integer", "minimum": 1, "maximum": inbox.MAX_ID},
+                    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
                 }
             ],
             "responses": _responses(
@@ -338,7 +339,7 @@ PATHS: dict[str, Any] = {
                     "name": "outbox_id",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "integer", "minimum": 1, "maximum": outbox.MAX_ID},
+                    "schema": {"type": "integer", "minimum": 1, "maximum": MAX_ID},
                 }
             ],
             "responses": _responses(
