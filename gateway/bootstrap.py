@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from gateway.agents import Agent, Runner, SQLSessionStore
 from gateway.agents.models.budget import ProviderBudget
 from gateway.agents.models.registry import Endpoint, ModelFactory, model_factory
+from gateway.agents.runner import reachable_agents
 from gateway.domain.inbound import MessageKind
 from gateway.domain.usage import Price
 from gateway.errors import SettingsError
@@ -273,25 +274,17 @@ def load_agent(settings: Settings) -> Agent:
     or when an agent it reaches names a model that cannot answer with these settings (else each turn
     found it out, five attempts before it was dead)."""
     agent = _agent_at(settings.agent)
-    for each in _reachable(agent):
+    try:
+        graph = reachable_agents(agent)
+    except ValueError as exc:
+        raise SettingsError(f"invalid setting GATEWAY_AGENT: {exc}") from None
+    for each in graph.values():
         if isinstance(each.model, str) and (problem := settings.model_problem(each.model)):
             raise SettingsError(
                 f"invalid setting GATEWAY_AGENT: agent {each.name!r} names model {each.model!r}, "
                 f"which {problem}"
             )
     return agent
-
-
-def _reachable(agent: Agent) -> list[Agent]:
-    """The agent and every agent its handoffs reach, each once."""
-    found: dict[int, Agent] = {}
-    waiting = [agent]
-    while waiting:
-        each = waiting.pop()
-        if id(each) not in found:
-            found[id(each)] = each
-            waiting.extend(each.handoffs)
-    return list(found.values())
 
 
 def _agent_at(spec: str) -> Agent:

@@ -59,7 +59,7 @@ class Runner:
         if max_tool_rounds < 0:
             raise ValueError("max_tool_rounds must be zero or more")
         self.starting_agent = starting_agent
-        self.agents = _walk(starting_agent)
+        self.agents = reachable_agents(starting_agent)
         self.session_store: BaseSessionStore = session_store if session_store is not None else SessionStore()
         self.session_store.set_agent_resolver(self.agents.get)
         self.max_tool_rounds = max_tool_rounds
@@ -219,8 +219,9 @@ def _settings_model_factory() -> ModelFactory:
     return model_factory(settings.model, openai_base_url=settings.openai_base_url, openai_api_key=key)
 
 
-def _walk(start: Agent) -> dict[str, Agent]:
-    """Every agent reachable by handoffs, by name; two different agents may not share a name."""
+def reachable_agents(start: Agent) -> dict[str, Agent]:
+    """Every agent reachable by handoffs, by name; ValueError when two different agents share a name
+    or an agent's tool names clash."""
     agents: dict[str, Agent] = {}
     pending = [start]
     while pending:

@@ -250,6 +250,7 @@ AGENTS_NAMING_MODELS = (
     "typo = Agent('Desk', 'Help.', handoffs=[billing])\n"
     "keyless = Agent('Desk', 'Help.', model='anthropic:claude-x')\n"
     "own_server = Agent('Desk', 'Help.', model='gemini:gemini-x')\n"
+    "twins = Agent('Desk', 'Help.', handoffs=[Agent('Desk', 'Other help.')])\n"
 )
 
 
@@ -269,9 +270,14 @@ AGENTS_NAMING_MODELS = (
             "GATEWAY_ANTHROPIC_API_KEY: it calls https://api.anthropic.com (only a server of your own, "
             "at GATEWAY_ANTHROPIC_BASE_URL, may go without)",
         ),
+        (
+            "serve",
+            "twins",  # the runner's own rule, met when the app started: a traceback then
+            "invalid setting GATEWAY_AGENT: two different agents are named 'Desk'",
+        ),
     ],
 )
-def test_serve_and_worker_check_the_models_their_agents_name(
+def test_serve_and_worker_check_the_agent_graph(
     tmp_path: Path, command: str, agent: str, problem: str
 ) -> None:
     """A model spec no provider has, or a provider's own endpoint without its key, was found by each
