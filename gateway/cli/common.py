@@ -48,7 +48,7 @@ def port_number(value: str) -> int:
 
 
 def seconds(value: str) -> float:
-    """A wait: more than 0 and at most an hour (nan, inf and negatives read as waits once)."""
+    """A wait: more than 0 and at most MAX_WAIT_SECONDS (nan, inf and negatives were once taken as given)."""
     try:
         number = float(value)
     except ValueError:

@@ -173,7 +173,7 @@ def _parse_content(content: Any, refusal: Any) -> str | None:
     text: str | None
     if isinstance(content, list):  # content parts: keep the text and refusal ones
         text = "".join(
-            str(p.get(p["type"]) or "")
+            str(p.get("text") or p.get("refusal") or "")
             for p in content
             if isinstance(p, dict) and p.get("type") in ("text", "refusal")
         )
